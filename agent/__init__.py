@@ -1,0 +1,1 @@
+"""tradeagent's daemon and learning core (model, policy, training, execution, control)."""

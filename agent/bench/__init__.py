@@ -1,0 +1,1 @@
+"""Benchmarks run by ``tradeagent bench <name>``; one module per benchmark."""

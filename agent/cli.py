@@ -1,0 +1,65 @@
+"""The ``tradeagent`` command line.
+
+Each sub-command lives in its own module under :mod:`agent.commands` and exposes
+``register(subparsers)``; this module only wires them together, sets up logging and turns
+the project's known errors into a clear message and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from agent.config import ConfigError
+from agent.errors import AgentError
+from agent.logs import setup_logging
+from feeds.errors import FeedError
+from storage.errors import StorageError
+
+__all__ = ["main"]
+
+# Sub-command modules, in the order `tradeagent --help` lists them.
+COMMANDS: tuple[str, ...] = ("bench",)
+
+log = logging.getLogger("tradeagent")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tradeagent",
+        description="Live trading agent for Databento MBP-10 feeds with an embedded GPU trainer.",
+    )
+    parser.add_argument("--config", metavar="PATH", help="TOML configuration file (default: embedded)")
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        default="auto",
+        help="log format on stderr (auto: JSON under systemd, text otherwise)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"agent.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        code: int = args.func(args)
+    except (ConfigError, AgentError, FeedError, StorageError) as exc:
+        print(f"tradeagent {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tradeagent {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""CLI sub-commands, one module each, wired together by :mod:`agent.cli`."""

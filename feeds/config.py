@@ -1,0 +1,68 @@
+"""Typed settings of the market-data layer.
+
+These structs are frozen and reject unknown keys; ``agent.config`` composes them into the
+process configuration loaded from ``config/*.toml``. ``feeds`` never imports ``agent``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = ["BarConfig", "FeedsConfig", "HealthConfig", "InstrumentSpec", "SourceConfig"]
+
+
+class InstrumentSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One tradable instrument: how its prices and sessions are read."""
+
+    symbol: str
+    instrument_id: int
+    tick_size: float = 0.25
+    tick_value: float = 12.5
+    """Currency value of one tick for one contract."""
+    session_start: str = "13:30"
+    """Session open, ``HH:MM`` UTC (synthetic data and time-of-day features)."""
+    session_end: str = "20:00"
+
+
+class BarConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The decision clock: a bar closes every ``interval_s`` seconds (time bars) or every
+    ``events`` book updates (event bars)."""
+
+    clock: Literal["time", "events"] = "time"
+    interval_s: float = 1.0
+    events: int = 100
+
+
+class HealthConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Thresholds of the per-instrument book health checks (DESIGN section 4)."""
+
+    stale_after_s: float = 5.0
+    max_price_jump_ticks: int = 2000
+    """A top-of-book move larger than this many ticks in one record is an absurd price."""
+
+
+class SourceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Where records come from."""
+
+    kind: Literal["replay", "nats", "databento"] = "replay"
+    path: str = ""
+    """Replay: a DBN file or a directory of daily files."""
+    pace: float = 0.0
+    """Replay pacing: 0 = as fast as possible, N = real time x N."""
+    nats_url: str = "nats://127.0.0.1:4222"
+    dataset: str = "GLBX.MDP3"
+    stream: str = "MBP10"
+    """JetStream stream name that records the market-data subjects."""
+    symbols: tuple[str, ...] = ()
+
+
+class FeedsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    bars: BarConfig = msgspec.field(default_factory=BarConfig)
+    health: HealthConfig = msgspec.field(default_factory=HealthConfig)
+    source: SourceConfig = msgspec.field(default_factory=SourceConfig)
+    instruments: tuple[InstrumentSpec, ...] = (
+        InstrumentSpec(symbol="ES", instrument_id=1001, tick_size=0.25, tick_value=12.5),
+        InstrumentSpec(symbol="NQ", instrument_id=1002, tick_size=0.25, tick_value=5.0),
+    )
