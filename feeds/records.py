@@ -1,0 +1,48 @@
+"""The in-memory form of MBP-10 records shared by every part of ``feeds``.
+
+Records travel as NumPy structured arrays with Databento's own MBP-10 layout
+(:data:`MBP10_DTYPE`, 368 bytes per record, header included), exactly as DBN stores them,
+so decoding is a view and never a per-record Python loop. Prices stay 1e-9 fixed-point integers
+until features are computed.
+"""
+
+from __future__ import annotations
+
+import databento_dbn
+import numpy as np
+
+__all__ = [
+    "ACTION_ADD",
+    "ACTION_CANCEL",
+    "ACTION_CLEAR",
+    "ACTION_FILL",
+    "ACTION_MODIFY",
+    "ACTION_NONE",
+    "ACTION_TRADE",
+    "LEVELS",
+    "MBP10_DTYPE",
+    "MBP10_RTYPE",
+    "PRICE_SCALE",
+    "SIDE_ASK",
+    "SIDE_BID",
+    "SIDE_NONE",
+    "UNDEF_PRICE",
+]
+
+MBP10_DTYPE: np.dtype[np.void] = np.dtype(databento_dbn.MBP10Msg._dtypes)
+MBP10_RTYPE = 0x0A
+LEVELS = 10
+PRICE_SCALE = 1_000_000_000
+UNDEF_PRICE = np.iinfo(np.int64).max
+
+# `action` and `side` are stored as ASCII bytes.
+ACTION_ADD = ord("A")
+ACTION_CANCEL = ord("C")
+ACTION_MODIFY = ord("M")
+ACTION_TRADE = ord("T")
+ACTION_FILL = ord("F")
+ACTION_CLEAR = ord("R")
+ACTION_NONE = ord("N")
+SIDE_BID = ord("B")
+SIDE_ASK = ord("A")
+SIDE_NONE = ord("N")
