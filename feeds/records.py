@@ -35,14 +35,14 @@ LEVELS = 10
 PRICE_SCALE = 1_000_000_000
 UNDEF_PRICE = np.iinfo(np.int64).max
 
-# `action` and `side` are stored as ASCII bytes.
-ACTION_ADD = ord("A")
-ACTION_CANCEL = ord("C")
-ACTION_MODIFY = ord("M")
-ACTION_TRADE = ord("T")
-ACTION_FILL = ord("F")
-ACTION_CLEAR = ord("R")
-ACTION_NONE = ord("N")
-SIDE_BID = ord("B")
-SIDE_ASK = ord("A")
-SIDE_NONE = ord("N")
+# `action` and `side` are single ASCII bytes (dtype S1): compare with these `bytes` values.
+ACTION_ADD = b"A"
+ACTION_CANCEL = b"C"
+ACTION_MODIFY = b"M"
+ACTION_TRADE = b"T"
+ACTION_FILL = b"F"
+ACTION_CLEAR = b"R"
+ACTION_NONE = b"N"
+SIDE_BID = b"B"
+SIDE_ASK = b"A"
+SIDE_NONE = b"N"
