@@ -1,0 +1,189 @@
+"""Fill and P&L maths shared by the paper broker, the replay backtest and the training environment.
+
+DESIGN section 3: one implementation, two drivers. Every function is vectorised over a leading
+batch axis and written against the array module of its inputs (NumPy or CuPy); the paper broker
+calls it with a batch of one, the vectorised environment with thousands of windows at once.
+
+Units
+-----
+* **price unit**: whatever linear unit the caller's prices are in: 1e-9 fixed-point integers
+  straight from MBP-10 records, currency, or ticks. Outputs named ``*_price`` and every P&L named
+  ``*_px`` are in that same unit (times contracts for P&L). :func:`to_currency` converts with the
+  instrument's ``tick_size`` (in the price unit) and ``tick_value`` (currency per tick per
+  contract).
+* **ticks**: the training environment works in ticks (mid changes, half-spreads, fees converted
+  with ``fee_per_contract / tick_value``).
+* **quantities**: signed contracts, positive = buy / long.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import NamedTuple
+
+import numpy as np
+
+from agent.model.arrays import Array, array_module
+from feeds.records import UNDEF_PRICE
+
+__all__ = [
+    "BookFill",
+    "Ledger",
+    "apply_fills",
+    "fees",
+    "position_change_cost_ticks",
+    "slippage_vs_mid",
+    "step_pnl_ticks",
+    "to_currency",
+    "unrealised",
+    "walk_book",
+]
+
+
+class BookFill(NamedTuple):
+    """Result of :func:`walk_book`, one entry per order (all shape ``[B]``)."""
+
+    filled: Array
+    """Signed contracts filled (same sign as the request; smaller in size when depth ran out)."""
+    avg_price: Array
+    """Volume-weighted average fill price (float64, price unit); NaN where nothing filled."""
+    levels_used: Array
+    """How many book levels the order touched (int64; 0 where nothing filled)."""
+
+
+def walk_book(bid_px: Array, bid_sz: Array, ask_px: Array, ask_sz: Array, qty: Array) -> BookFill:
+    """Fill market orders of signed size ``qty`` by walking the book levels.
+
+    Args:
+        bid_px, ask_px: ``[B, L]`` level prices, best first (price unit; int fixed-point or float).
+        bid_sz, ask_sz: ``[B, L]`` level sizes (contracts).
+        qty: ``[B]`` signed order sizes; a buy (``qty > 0``) consumes asks, a sell consumes bids.
+
+    Levels with a non-positive size, an undefined price (``UNDEF_PRICE`` fixed point) or a
+    non-finite price are empty. When depth runs out the order fills partially (no price is
+    invented beyond the book). The average is computed relative to the best level's price, so
+    1e-9 fixed-point prices keep full precision in float64.
+    """
+    xp = array_module(bid_px, ask_px, qty)
+    q = xp.asarray(qty, dtype=np.float64)
+    buy = (q > 0)[:, None]
+    px = xp.where(buy, xp.asarray(ask_px), xp.asarray(bid_px))
+    sz = xp.where(buy, xp.asarray(ask_sz), xp.asarray(bid_sz)).astype(np.float64)
+    if px.dtype.kind in "iu":
+        valid_px = px != UNDEF_PRICE
+    else:
+        valid_px = xp.isfinite(px)
+    sz = xp.where(valid_px & (sz > 0), sz, 0.0)
+    cum = xp.cumsum(sz, axis=1)
+    take = xp.clip(xp.abs(q)[:, None] - (cum - sz), 0.0, sz)
+    filled_abs = take.sum(axis=1)
+    # Reference = the first non-empty level's price (exact in int64), offsets are small.
+    has = sz > 0
+    first = xp.argmax(has, axis=1)
+    ref = xp.take_along_axis(px, first[:, None], axis=1)[:, 0]
+    offset = (px - ref[:, None]).astype(np.float64)
+    offset = xp.where(has, offset, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        avg = ref.astype(np.float64) + (take * offset).sum(axis=1) / filled_abs
+    avg = xp.where(filled_abs > 0, avg, np.nan)
+    levels = (take > 0).sum(axis=1).astype(np.int64)
+    return BookFill(filled=xp.sign(q) * filled_abs, avg_price=avg, levels_used=levels)
+
+
+def slippage_vs_mid(filled: Array, avg_price: Array, mid: Array) -> Array:
+    """Cost of fills relative to the mid price, ``filled * (avg_price - mid)`` (price unit x
+    contracts; positive = paid). A unit order at the top of the book costs half the spread.
+    Zero where nothing filled."""
+    xp = array_module(filled, avg_price, mid)
+    cost = filled * (avg_price - mid)
+    return xp.where(filled != 0, cost, 0.0)
+
+
+def fees(filled: Array, fee_per_contract: float) -> Array:
+    """Fees in currency for signed fill sizes: ``|filled| * fee_per_contract``."""
+    xp = array_module(filled)
+    return xp.abs(filled) * fee_per_contract
+
+
+def position_change_cost_ticks(delta: Array, half_spread_ticks: Array, fee_ticks: float) -> Array:
+    """Cost in ticks of changing a position by ``delta`` contracts, relative to mid.
+
+    The training environment's execution model: every contract crosses half the spread at the
+    top of the book and pays ``fee_ticks = fee_per_contract / tick_value``. This equals
+    :func:`slippage_vs_mid` of :func:`walk_book` (in ticks) plus :func:`fees` whenever the top
+    level holds ``|delta|`` contracts; deeper walks cost more (the broker charges them).
+    """
+    xp = array_module(delta, half_spread_ticks)
+    return xp.abs(delta) * (half_spread_ticks + fee_ticks)
+
+
+def step_pnl_ticks(
+    pos_prev: Array,
+    pos_new: Array,
+    mark_now: Array,
+    mark_next: Array,
+    half_spread_ticks: Array,
+    fee_ticks: float,
+) -> tuple[Array, Array]:
+    """Mark-to-market P&L in ticks of one decision step, as ``(gross, cost)``.
+
+    At the decision bar the position moves from ``pos_prev`` to ``pos_new`` (cost charged by
+    :func:`position_change_cost_ticks`), then it is held until the next bar:
+    ``gross = pos_new * (mark_next - mark_now)``. Summed over a path, ``gross - cost`` equals the
+    ledger's realised + unrealised P&L minus fees (:func:`apply_fills` filling at mid +/- half the
+    spread), which the tests check.
+    """
+    gross = pos_new * (mark_next - mark_now)
+    cost = position_change_cost_ticks(pos_new - pos_prev, half_spread_ticks, fee_ticks)
+    return gross, cost
+
+
+class Ledger(NamedTuple):
+    """Vectorised position accounting, one entry per account/instrument (all shape ``[B]``).
+
+    ``avg_price`` is the average entry price of the open position (price unit; 0 when flat);
+    ``realised_px`` the realised P&L in price unit x contracts (before fees).
+    """
+
+    position: Array
+    avg_price: Array
+    realised_px: Array
+
+    @classmethod
+    def flat(cls, n: int, xp: ModuleType = np) -> Ledger:
+        """``n`` flat, empty ledgers on the array module ``xp``."""
+        return cls(xp.zeros(n), xp.zeros(n), xp.zeros(n))
+
+
+def apply_fills(ledger: Ledger, qty: Array, price: Array) -> Ledger:
+    """Book fills of signed size ``qty`` at ``price`` (``[B]`` each; ``qty == 0`` is a no-op).
+
+    Increasing a position averages the entry price; reducing it realises
+    ``closed * (price - avg_price)``; crossing through zero realises the whole old position and
+    opens the remainder at ``price``.
+    """
+    xp = array_module(ledger.position, qty, price)
+    pos, avg, realised = ledger
+    q = xp.asarray(qty, dtype=np.float64)
+    p = xp.where(q != 0, xp.asarray(price, dtype=np.float64), 0.0)
+    new_pos = pos + q
+    increasing = (pos == 0) | (xp.sign(q) == xp.sign(pos))
+    closed = xp.where(increasing, 0.0, xp.sign(pos) * xp.minimum(xp.abs(q), xp.abs(pos)))
+    realised = realised + closed * (p - avg)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        averaged = (pos * avg + q * p) / new_pos
+    flipped = ~increasing & (xp.abs(q) > xp.abs(pos))
+    new_avg = xp.where(increasing, averaged, xp.where(flipped, p, avg))
+    new_avg = xp.where((new_pos == 0) | (q == 0), xp.where(q == 0, avg, 0.0), new_avg)
+    return Ledger(new_pos, new_avg, realised)
+
+
+def unrealised(ledger: Ledger, mark: Array) -> Array:
+    """Open P&L at ``mark`` (price unit x contracts): ``position * (mark - avg_price)``."""
+    xp = array_module(ledger.position, mark)
+    return xp.where(ledger.position != 0, ledger.position * (mark - ledger.avg_price), 0.0)
+
+
+def to_currency(pnl_px: Array, tick_size: float, tick_value: float) -> Array:
+    """Convert P&L in price unit x contracts into currency: ``pnl / tick_size * tick_value``."""
+    return pnl_px / tick_size * tick_value
