@@ -69,10 +69,7 @@ def walk_book(bid_px: Array, bid_sz: Array, ask_px: Array, ask_sz: Array, qty: A
     buy = (q > 0)[:, None]
     px = xp.where(buy, xp.asarray(ask_px), xp.asarray(bid_px))
     sz = xp.where(buy, xp.asarray(ask_sz), xp.asarray(bid_sz)).astype(np.float64)
-    if px.dtype.kind in "iu":
-        valid_px = px != UNDEF_PRICE
-    else:
-        valid_px = xp.isfinite(px)
+    valid_px = px != UNDEF_PRICE if px.dtype.kind in "iu" else xp.isfinite(px)
     sz = xp.where(valid_px & (sz > 0), sz, 0.0)
     cum = xp.cumsum(sz, axis=1)
     take = xp.clip(xp.abs(q)[:, None] - (cum - sz), 0.0, sz)
@@ -122,6 +119,7 @@ def step_pnl_ticks(
     pos_new: Array,
     mark_now: Array,
     mark_next: Array,
+    *,
     half_spread_ticks: Array,
     fee_ticks: float,
 ) -> tuple[Array, Array]:

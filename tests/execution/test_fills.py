@@ -28,7 +28,10 @@ ASK_SZ = np.array([[1.0, 4.0, 2.0]])
 def _walk(qty: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(qty)
     res = walk_book(
-        np.repeat(BID_PX, n, 0), np.repeat(BID_SZ, n, 0), np.repeat(ASK_PX, n, 0), np.repeat(ASK_SZ, n, 0),
+        np.repeat(BID_PX, n, 0),
+        np.repeat(BID_SZ, n, 0),
+        np.repeat(ASK_PX, n, 0),
+        np.repeat(ASK_SZ, n, 0),
         np.array(qty),
     )
     return res.filled, res.avg_price, res.levels_used
@@ -52,7 +55,10 @@ def test_walk_book_fixed_point_keeps_precision_and_skips_empty_levels() -> None:
     bid_px = np.array([[base, base - tick, base - 2 * tick]], dtype=np.int64)
     bid_sz = np.array([[0, 4, 1]])  # an empty best level is skipped
     res = walk_book(
-        np.repeat(bid_px, 2, 0), np.repeat(bid_sz, 2, 0), np.repeat(ask_px, 2, 0), np.repeat(ask_sz, 2, 0),
+        np.repeat(bid_px, 2, 0),
+        np.repeat(bid_sz, 2, 0),
+        np.repeat(ask_px, 2, 0),
+        np.repeat(ask_sz, 2, 0),
         np.array([3, -2]),
     )
     np.testing.assert_array_equal(res.filled, [3, -2])
@@ -97,7 +103,9 @@ def test_step_pnl_matches_ledger_accounting_on_a_random_path() -> None:
     pos[-1] = 0.0  # end flat so the ledger has realised everything
     fee_ticks = 0.08
     prev = np.concatenate([[0.0], pos[:-1]])
-    gross, cost = step_pnl_ticks(prev, pos, mid, np.concatenate([mid[1:], mid[-1:]]), half, fee_ticks)
+    gross, cost = step_pnl_ticks(
+        prev, pos, mid, np.concatenate([mid[1:], mid[-1:]]), half_spread_ticks=half, fee_ticks=fee_ticks
+    )
     led = Ledger.flat(1)
     fee_total = 0.0
     for t in range(n):
