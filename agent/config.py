@@ -24,6 +24,7 @@ from typing import Any, Literal
 import msgspec
 
 from agent.errors import AgentError
+from agent.model.config import ModelConfig
 from feeds.config import FeedsConfig
 from storage.config import StorageConfig
 
@@ -55,6 +56,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     seed: int = 0
     feeds: FeedsConfig = msgspec.field(default_factory=FeedsConfig)
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
 
 
 _PATH_RE = re.compile(r"at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")

@@ -1,0 +1,312 @@
+"""The Mamba2 block: forward and backward of the window form (ALGORITHMS 1.2, 1.4, 1.5).
+
+Shapes: Bt batch, L window (K), d model width, Di inner width, H heads of P = headdim, G
+groups, N = d_state, Cd = Di + 2GN conv channels, W conv width, Q chunk length.
+
+The state-space scan runs in the chunked SSD ("quadratic") form: inside a chunk of Q steps
+the output is a masked [Q, Q] matrix product, chunks are chained by their [P, N] states.
+Everything is batched matmul over (Bt, G, H/G) with Python loops only over chunks (one chunk
+by default, Q = K), which is what a GPU wants. Decay factors are exponentials of masked
+segment sums (always <= 0), never ``exp(cum_t) * exp(-cum_s)``. :func:`ssd_ref` is the
+sequential recurrence the chunked form is tested against.
+
+Internally head quantities live as (Bt, G, H/G, L, ...) and group quantities as (Bt, G, 1,
+L, ...), so that one broadcast matmul serves every head of a group and the gradients of B
+and C are sums over the heads axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.model.arrays import Array, Params, array_module
+from agent.model.ops import rmsnorm, rmsnorm_backward, sigmoid, silu, silu_grad, softplus
+
+__all__ = [
+    "BlockCache",
+    "block_backward",
+    "block_forward",
+    "ssd_chunked",
+    "ssd_chunked_backward",
+    "ssd_ref",
+]
+
+
+def _t(a: Array) -> Array:
+    """Swap the last two axes."""
+    return a.swapaxes(-1, -2)
+
+
+def _heads(x: Array, dt: Array, A: Array, B: Array, C: Array) -> tuple[Array, Array, Array, Array, Array]:
+    """(Bt,L,H,P), (Bt,L,H), (H), (Bt,L,G,N) x2 -> grouped head-major layouts."""
+    bt, length, h, p = x.shape
+    g = B.shape[2]
+    xh = x.reshape(bt, length, g, h // g, p).transpose(0, 2, 3, 1, 4)  # (Bt,G,Hg,L,P)
+    dth = dt.reshape(bt, length, g, h // g).transpose(0, 2, 3, 1)  # (Bt,G,Hg,L)
+    Bg = B.transpose(0, 2, 1, 3)[:, :, None]  # (Bt,G,1,L,N)
+    Cg = C.transpose(0, 2, 1, 3)[:, :, None]
+    return xh, dth, A.reshape(g, h // g), Bg, Cg
+
+
+def _chunks(length: int, chunk: int) -> list[tuple[int, int]]:
+    return [(t0, min(t0 + chunk, length)) for t0 in range(0, length, chunk)]
+
+
+def _decays(dtc: Array, Ag: Array) -> tuple[Array, Array, Array, Array]:
+    """Chunk decays from dt (.., Q) and A (G, Hg): cum (.., Q), Lam (.., Q, Q), e, w (.., Q).
+
+    ``Lam[t, s] = exp(cum_t - cum_s)`` for s <= t else 0; ``e_t = exp(cum_t)``; ``w_s =
+    exp(cum_{Q-1} - cum_s)``. Every exponent is <= 0 (A < 0, dt > 0).
+    """
+    xp = array_module(dtc)
+    q = dtc.shape[-1]
+    cum = xp.cumsum(dtc * Ag[..., None], axis=-1)
+    seg = cum[..., :, None] - cum[..., None, :]
+    mask = xp.tri(q, dtype=dtc.dtype)
+    lam = xp.exp(xp.minimum(seg, 0.0)) * mask
+    return cum, lam, xp.exp(cum), xp.exp(cum[..., -1:] - cum)
+
+
+def ssd_chunked(
+    x: Array, dt: Array, A: Array, B: Array, C: Array, *, chunk: int
+) -> tuple[Array, list[Array | None]]:
+    """SSM scan of a window from zero state, chunked SSD form (ALGORITHMS 1.4), no D skip.
+
+    x (Bt,L,H,P), dt (Bt,L,H) > 0, A (H) < 0, B and C (Bt,L,G,N) -> y (Bt,L,H,P) with
+    ``h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T``, ``y_t = h_t C_t``, ``h_{-1} = 0``.
+    Also returns the state entering each chunk ((Bt,G,H/G,P,N); None for the first, which is
+    zero), kept for :func:`ssd_chunked_backward`.
+    """
+    xp = array_module(x, dt, A, B, C)
+    bt, length, h, p = x.shape
+    xh, dth, Ag, Bg, Cg = _heads(x, dt, A, B, C)
+    spans = _chunks(length, chunk)
+    ys: list[Array] = []
+    states: list[Array | None] = [None]
+    for c, (t0, t1) in enumerate(spans):
+        xc, dtc, Bc, Cc = xh[..., t0:t1, :], dth[..., t0:t1], Bg[..., t0:t1, :], Cg[..., t0:t1, :]
+        _, lam, e, w = _decays(dtc, Ag)
+        U = dtc[..., None] * xc
+        y = xp.matmul(xp.matmul(Cc, _t(Bc)) * lam, U)
+        hin = states[c]
+        if hin is not None:
+            y = y + e[..., None] * xp.matmul(Cc, _t(hin))
+        ys.append(y)
+        if c + 1 < len(spans):
+            hout = xp.matmul(_t(U * w[..., None]), Bc)
+            states.append(hout if hin is None else hout + e[..., -1:, None] * hin)
+    y = xp.concatenate(ys, axis=3) if len(ys) > 1 else ys[0]
+    return y.transpose(0, 3, 1, 2, 4).reshape(bt, length, h, p), states
+
+
+def ssd_chunked_backward(
+    x: Array,
+    dt: Array,
+    A: Array,
+    B: Array,
+    C: Array,
+    *,
+    chunk: int,
+    states: list[Array | None],
+    gy: Array,
+) -> tuple[Array, Array, Array, Array, Array]:
+    """Gradients of :func:`ssd_chunked` (ALGORITHMS 1.5 b): gy (Bt,L,H,P) -> gx, gdt, gA, gB, gC.
+
+    Chunks are visited in reverse; the gradient of each chunk's entering state flows into the
+    previous chunk. Decays are recomputed from dt and A rather than stored.
+    """
+    xp = array_module(x, dt, A, B, C, gy)
+    bt, length, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    xh, dth, Ag, Bg, Cg = _heads(x, dt, A, B, C)
+    gyh = gy.reshape(bt, length, g, h // g, p).transpose(0, 2, 3, 1, 4)
+    spans = _chunks(length, chunk)
+    gxs: list[Array] = []
+    gdts: list[Array] = []
+    gBs: list[Array] = []
+    gCs: list[Array] = []
+    gA = xp.zeros_like(Ag)
+    ghout: Array | None = None
+    for c in range(len(spans) - 1, -1, -1):
+        t0, t1 = spans[c]
+        xc, dtc, Bc, Cc = xh[..., t0:t1, :], dth[..., t0:t1], Bg[..., t0:t1, :], Cg[..., t0:t1, :]
+        gY = gyh[..., t0:t1, :]
+        _, lam, e, w = _decays(dtc, Ag)
+        U = dtc[..., None] * xc
+        CB = xp.matmul(Cc, _t(Bc))
+        M = CB * lam
+        gM = xp.matmul(gY, _t(U))  # only used times lam, which carries the causal mask
+        gU = xp.matmul(_t(M), gY)
+        S = gM * M
+        gcum = S.sum(axis=-1) - S.sum(axis=-2)
+        gCB = (gM * lam).sum(axis=2, keepdims=True)
+        gC = xp.matmul(gCB, Bc)
+        gB = xp.matmul(_t(gCB), Cc)
+        hin = states[c]
+        ghin: Array | None = None
+        if hin is not None:
+            eg = e[..., None] * gY
+            gcum = gcum + (eg * xp.matmul(Cc, _t(hin))).sum(axis=-1)
+            gC = gC + xp.matmul(eg, hin).sum(axis=2, keepdims=True)
+            ghin = xp.matmul(_t(eg), Cc)
+        if ghout is not None:
+            hout = states[c + 1]
+            GB = xp.matmul(Bc, _t(ghout))  # (..,Q,P): gHout B_s per step
+            gU = gU + w[..., None] * GB
+            gB = gB + xp.matmul(w[..., None] * U, ghout).sum(axis=2, keepdims=True)
+            gcum = gcum - w * (U * GB).sum(axis=-1)
+            gcum[..., -1] += (ghout * hout).sum(axis=(-1, -2))
+            if hin is not None:
+                ghin = ghin + e[..., -1:, None] * ghout
+        ghout = ghin
+        ga = xp.flip(xp.cumsum(xp.flip(gcum, axis=-1), axis=-1), axis=-1)  # sum_{t >= r} gcum_t
+        gxs.append(dtc[..., None] * gU)
+        gdts.append((gU * xc).sum(axis=-1) + Ag[..., None] * ga)
+        gA = gA + (dtc * ga).sum(axis=(0, -1))
+        gBs.append(gB)
+        gCs.append(gC)
+
+    def join(parts: list[Array], axis: int) -> Array:
+        return xp.concatenate(parts[::-1], axis=axis) if len(parts) > 1 else parts[0]
+
+    gx = join(gxs, 3).transpose(0, 3, 1, 2, 4).reshape(bt, length, h, p)
+    gdt = join(gdts, 3).transpose(0, 3, 1, 2).reshape(bt, length, h)
+    gB_out = join(gBs, 3)[:, :, 0].transpose(0, 2, 1, 3).reshape(bt, length, g, n)
+    gC_out = join(gCs, 3)[:, :, 0].transpose(0, 2, 1, 3).reshape(bt, length, g, n)
+    return gx, gdt, gA.reshape(h), gB_out, gC_out
+
+
+def ssd_ref(
+    x: Array, dt: Array, A: Array, B: Array, C: Array, *, h0: Array | None = None
+) -> tuple[Array, Array]:
+    """Sequential reference of the scan (ALGORITHMS 1.2 step 4), one time step at a time.
+
+    Same inputs as :func:`ssd_chunked` plus an optional initial state h0 (Bt,H,P,N); returns
+    y (Bt,L,H,P) and the final state (Bt,H,P,N). Slow; for tests and as the recurrent-step
+    definition.
+    """
+    xp = array_module(x, dt, A, B, C)
+    bt, length, h, p = x.shape
+    g = B.shape[2]
+    heads_per_group = h // g
+    state = xp.zeros((bt, h, p, B.shape[3]), dtype=x.dtype) if h0 is None else h0
+    ys = []
+    for t in range(length):
+        Bt_ = xp.repeat(B[:, t], heads_per_group, axis=1)  # (Bt,H,N)
+        Ct_ = xp.repeat(C[:, t], heads_per_group, axis=1)
+        decay = xp.exp(dt[:, t] * A)[..., None, None]
+        state = decay * state + (dt[:, t, :, None] * x[:, t])[..., None] * Bt_[:, :, None, :]
+        ys.append(xp.matmul(state, Ct_[..., None])[..., 0])
+    return xp.stack(ys, axis=1), state
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCache:
+    """What :func:`block_backward` needs from :func:`block_forward` (all (Bt, L, ...))."""
+
+    u: Array  # block input (Bt,L,d)
+    z: Array  # gate pre-activation (Bt,L,Di)
+    xbc_raw: Array  # conv input (Bt,L,Cd)
+    pre: Array  # conv output before SiLU (Bt,L,Cd)
+    xbc: Array  # after SiLU (Bt,L,Cd)
+    s: Array  # dt_raw + dt_bias (Bt,L,H)
+    dt: Array  # softplus(s) (Bt,L,H)
+    A: Array  # -exp(A_log) (H)
+    states: list[Array | None]  # SSD chunk-entry states
+    y: Array  # SSM output incl. D skip (Bt,L,Di)
+    gate: Array  # silu(z) (Bt,L,Di)
+    vhat: Array  # normalised y * gate (Bt,L,Di)
+    r: Array  # inverse RMS (Bt,L,G,1)
+    o: Array  # vhat * gnorm_w (Bt,L,Di)
+    chunk: int
+
+
+def _split_xbc(xbc: Array, di: int, g: int, n: int, heads: int) -> tuple[Array, Array, Array]:
+    bt, length, _ = xbc.shape
+    x = xbc[..., :di].reshape(bt, length, heads, di // heads)
+    B = xbc[..., di : di + g * n].reshape(bt, length, g, n)
+    C = xbc[..., di + g * n :].reshape(bt, length, g, n)
+    return x, B, C
+
+
+def block_forward(params: Params, prefix: str, u: Array, groups: int, chunk: int) -> tuple[Array, BlockCache]:
+    """Mamba2 mixer on u (Bt,L,d) -> out (Bt,L,d) (ALGORITHMS 1.2); ``prefix`` = "blocks.i.".
+
+    The residual connection and the pre-norm are the network's business.
+    """
+    xp = array_module(u)
+    W_in, conv_w, conv_b = params[prefix + "W_in"], params[prefix + "conv_w"], params[prefix + "conv_b"]
+    di = params[prefix + "gnorm_w"].shape[0]
+    heads = params[prefix + "A_log"].shape[0]
+    cd, width = conv_w.shape
+    n = (cd - di) // (2 * groups)
+    bt, length, _ = u.shape
+
+    zxbcdt = xp.matmul(u, W_in.T)
+    z, xbc_raw, dt_raw = zxbcdt[..., :di], zxbcdt[..., di : di + cd], zxbcdt[..., di + cd :]
+    xpad = xp.concatenate([xp.zeros((bt, width - 1, cd), dtype=u.dtype), xbc_raw], axis=1)
+    pre = conv_b + sum(xpad[:, k : k + length] * conv_w[:, k] for k in range(width))
+    xbc = silu(pre)
+    x, B, C = _split_xbc(xbc, di, groups, n, heads)
+    s = dt_raw + params[prefix + "dt_bias"]
+    dt = softplus(s)
+    A = -xp.exp(params[prefix + "A_log"])
+    ssm, states = ssd_chunked(x, dt, A, B, C, chunk=chunk)
+    y = (ssm + params[prefix + "D"][:, None] * x).reshape(bt, length, di)
+    gate = silu(z)
+    vhat, r = rmsnorm(y * gate, groups)
+    o = vhat * params[prefix + "gnorm_w"]
+    out = xp.matmul(o, params[prefix + "W_out"].T)
+    cache = BlockCache(u, z, xbc_raw, pre, xbc, s, dt, A, states, y, gate, vhat, r, o, chunk)
+    return out, cache
+
+
+def block_backward(params: Params, prefix: str, cache: BlockCache, gout: Array) -> tuple[Params, Array]:
+    """Gradients of :func:`block_forward` (ALGORITHMS 1.5 b, c).
+
+    gout (Bt,L,d) -> (grads keyed by full tensor name, gu (Bt,L,d)).
+    """
+    xp = array_module(gout)
+    W_in, W_out, conv_w = params[prefix + "W_in"], params[prefix + "W_out"], params[prefix + "conv_w"]
+    bt, length, d = cache.u.shape
+    di = cache.y.shape[-1]
+    cd, width = conv_w.shape
+    groups = cache.r.shape[-2]
+    n = (cd - di) // (2 * groups)
+    heads = cache.A.shape[0]
+    x, B, C = _split_xbc(cache.xbc, di, groups, n, heads)
+    grads: Params = {}
+
+    go = xp.matmul(gout, W_out)
+    grads[prefix + "W_out"] = xp.matmul(gout.reshape(-1, d).T, cache.o.reshape(-1, di))
+    grads[prefix + "gnorm_w"] = (go * cache.vhat).reshape(-1, di).sum(axis=0)
+    gv = rmsnorm_backward(go * params[prefix + "gnorm_w"], cache.vhat, cache.r)
+    gy = gv * cache.gate
+    gz = gv * cache.y * silu_grad(cache.z)
+
+    gy4 = gy.reshape(bt, length, heads, di // heads)
+    grads[prefix + "D"] = (gy4 * x).sum(axis=(0, 1, 3))
+    gx, gdt, gA, gB, gC = ssd_chunked_backward(
+        x, cache.dt, cache.A, B, C, chunk=cache.chunk, states=cache.states, gy=gy4
+    )
+    gx = gx + params[prefix + "D"][:, None] * gy4
+    grads[prefix + "A_log"] = gA * cache.A
+    gs = gdt * sigmoid(cache.s)
+    grads[prefix + "dt_bias"] = gs.reshape(-1, heads).sum(axis=0)
+
+    gxbc = xp.concatenate(
+        [gx.reshape(bt, length, di), gB.reshape(bt, length, -1), gC.reshape(bt, length, -1)], axis=-1
+    )
+    gpre = gxbc * silu_grad(cache.pre)
+    grads[prefix + "conv_b"] = gpre.reshape(-1, cd).sum(axis=0)
+    xpad = xp.concatenate([xp.zeros((bt, width - 1, cd), dtype=gout.dtype), cache.xbc_raw], axis=1)
+    grads[prefix + "conv_w"] = xp.stack(
+        [(gpre * xpad[:, k : k + length]).reshape(-1, cd).sum(axis=0) for k in range(width)], axis=1
+    )
+    gxpad = xp.zeros((bt, length + width - 1, cd), dtype=gout.dtype)
+    for k in range(width):
+        gxpad[:, k : k + length] += gpre * conv_w[:, k]
+    gzxbcdt = xp.concatenate([gz, gxpad[:, width - 1 :], gs], axis=-1)
+    grads[prefix + "W_in"] = xp.matmul(gzxbcdt.reshape(-1, W_in.shape[0]).T, cache.u.reshape(-1, d))
+    gu = xp.matmul(gzxbcdt, W_in)
+    return grads, gu

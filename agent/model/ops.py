@@ -1,0 +1,86 @@
+"""Elementwise and normalisation primitives with their derivatives, for NumPy or CuPy.
+
+All are overflow-free for any finite input (no warnings in float32 either) and follow the
+numerics of ALGORITHMS section 6: max-subtracted softmax, softplus linear above 20, RMSNorm
+eps inside the square root.
+"""
+
+from __future__ import annotations
+
+from agent.model.arrays import Array, array_module
+
+__all__ = [
+    "RMS_EPS",
+    "log_softmax",
+    "rmsnorm",
+    "rmsnorm_backward",
+    "sigmoid",
+    "silu",
+    "silu_grad",
+    "softmax",
+    "softplus",
+]
+
+RMS_EPS = 1e-5
+"""RMSNorm epsilon (inside the square root), as Mamba2."""
+
+
+def sigmoid(x: Array) -> Array:
+    """1 / (1 + exp(-x)) computed from exp(-|x|) <= 1, so it never overflows."""
+    xp = array_module(x)
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def silu(x: Array) -> Array:
+    return x * sigmoid(x)
+
+
+def silu_grad(x: Array) -> Array:
+    """d silu / dx = sig(x) * (1 + x * (1 - sig(x)))."""
+    s = sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def softplus(x: Array) -> Array:
+    """log(1 + exp(x)); x itself above 20 (its derivative is :func:`sigmoid`)."""
+    xp = array_module(x)
+    return xp.where(x > 20.0, x, xp.log1p(xp.exp(xp.minimum(x, 20.0))))
+
+
+def softmax(logits: Array, axis: int = -1) -> Array:
+    """Max-subtracted softmax along ``axis``."""
+    xp = array_module(logits)
+    e = xp.exp(logits - logits.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def log_softmax(logits: Array, axis: int = -1) -> Array:
+    """Max-subtracted log-softmax along ``axis``."""
+    xp = array_module(logits)
+    shifted = logits - logits.max(axis=axis, keepdims=True)
+    return shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+def rmsnorm(v: Array, groups: int = 1) -> tuple[Array, Array]:
+    """Normalise the last axis of ``v`` (width D) in ``groups`` equal groups.
+
+    Returns ``(vhat, r)``: ``vhat`` has ``v``'s shape, ``r = 1/sqrt(mean(v^2) + eps)`` has shape
+    ``v.shape[:-1] + (groups, 1)``. The caller multiplies ``vhat`` by its weight.
+    """
+    xp = array_module(v)
+    vg = v.reshape(*v.shape[:-1], groups, v.shape[-1] // groups)
+    r = 1.0 / xp.sqrt((vg * vg).mean(axis=-1, keepdims=True) + RMS_EPS)
+    return (vg * r).reshape(v.shape), r
+
+
+def rmsnorm_backward(g_vhat: Array, vhat: Array, r: Array) -> Array:
+    """Gradient through :func:`rmsnorm`: ``gv = r * (g - vhat * mean(g * vhat))`` per group.
+
+    ``g_vhat`` and ``vhat`` have the input's shape; ``r`` is what :func:`rmsnorm` returned.
+    """
+    groups = r.shape[-2]
+    shape = (*vhat.shape[:-1], groups, vhat.shape[-1] // groups)
+    g = g_vhat.reshape(shape)
+    h = vhat.reshape(shape)
+    return (r * (g - h * (g * h).mean(axis=-1, keepdims=True))).reshape(vhat.shape)
