@@ -25,6 +25,7 @@ import msgspec
 
 from agent.errors import AgentError
 from agent.model.config import ModelConfig
+from agent.policy.regime import RegimeConfig
 from feeds.config import FeedsConfig
 from storage.config import StorageConfig
 
@@ -57,6 +58,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     feeds: FeedsConfig = msgspec.field(default_factory=FeedsConfig)
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    regime: RegimeConfig = msgspec.field(default_factory=RegimeConfig)
 
 
 _PATH_RE = re.compile(r"at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")

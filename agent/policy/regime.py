@@ -1,0 +1,159 @@
+"""Volatility-regime scale with a learned floor (DESIGN section 7, ALGORITHMS section 4).
+
+Per instrument, from the bar log-returns ``l`` of the mid (dimensionless; both trackers are
+variances in units of squared log-return per bar):
+
+* ``vol_ema``: fast EMA of ``l**2`` (``lf = 2 / (fast_bars + 1)``);
+* ``vol_ref``: the running mean of ``vol_ema`` over its first ``warmup_bars`` observations (or
+  warm-started at the training median of ``l**2``), then a slow EMA of ``vol_ema``
+  (``ls = 2 / (slow_bars + 1)``);
+* ``vol_ref_eff = max(vol_ref, floor)`` where ``floor`` is the instrument's learned floor
+  (:mod:`agent.train.floors`; 0 = none);
+* ``scale = clamp(vol_ref_eff / (vol_ema + eps), scale_floor, 1)`` (the variance ratio, matching
+  Kelly's ``1 / sigma**2``).
+
+Without the floor a long calm stretch drags ``vol_ref`` towards zero; when activity returns the
+ratio collapses to ``scale_floor`` and stays there for about ``slow_bars`` bars (the deadlock).
+The floor bounds the ratio below by ``floor / vol_ema`` whatever the tracker's history.
+
+:class:`RegimeTracker` is the incremental form the daemon steps once per bar;
+:func:`ema_series` is the vectorised form over a whole series (training and floors), with the
+same recursion.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+import numpy as np
+
+__all__ = ["RegimeConfig", "RegimeTracker", "ema_series"]
+
+_EPS = 1e-30
+"""Added to ``vol_ema`` in the ratio: far below any real squared bar log-return (a 1e-6
+relative move squared is 1e-12), it only keeps 0/0 finite."""
+
+
+class RegimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Horizons of the regime trackers, in bars of the decision clock."""
+
+    fast_bars: int = 20
+    """n_f: horizon of ``vol_ema`` (lf = 2 / (n_f + 1))."""
+    slow_bars: int = 2000
+    """n_s: horizon of the slow ``vol_ref`` tracker (ls = 2 / (n_s + 1))."""
+    warmup_bars: int = 200
+    """Without a warm start, ``vol_ref`` is the running mean of ``vol_ema`` for this many bars."""
+    floor_quantile: float = 0.1
+    """The learned floor's target: this quantile of the training fold's ``vol_ema``."""
+    floor_rate: float = 0.2
+    """Each retrain moves the stored floor this fraction of the way (in log space) to the target."""
+
+    def __post_init__(self) -> None:
+        if self.fast_bars < 1 or self.slow_bars < 1 or self.warmup_bars < 1:
+            raise ValueError("regime fast_bars, slow_bars and warmup_bars must be >= 1")
+        if self.slow_bars <= self.fast_bars:
+            raise ValueError("regime slow_bars must exceed fast_bars")
+        if not 0.0 < self.floor_quantile < 1.0:
+            raise ValueError("regime floor_quantile must be in (0, 1)")
+        if not 0.0 < self.floor_rate <= 1.0:
+            raise ValueError("regime floor_rate must be in (0, 1]")
+
+    @property
+    def fast_alpha(self) -> float:
+        return 2.0 / (self.fast_bars + 1)
+
+    @property
+    def slow_alpha(self) -> float:
+        return 2.0 / (self.slow_bars + 1)
+
+
+class RegimeTracker:
+    """Incremental regime scale for ``n`` instruments (NumPy float64 state, shape ``[n]``).
+
+    ``floors`` are the learned vol_ref floors (squared log-return per bar; 0 = none).
+    Non-finite returns are skipped: that instrument's state and scale stay as they were, and
+    :attr:`rejected` counts them.
+    """
+
+    def __init__(self, config: RegimeConfig, scale_floor: float, floors: Any) -> None:
+        if not 0.0 < scale_floor <= 1.0:
+            raise ValueError("scale_floor must be in (0, 1]")
+        self.config = config
+        self.scale_floor = scale_floor
+        self.floors = np.asarray(floors, dtype=np.float64).copy()
+        if self.floors.ndim != 1 or not np.all(np.isfinite(self.floors) & (self.floors >= 0)):
+            raise ValueError("floors must be a 1-D array of finite values >= 0")
+        n = self.floors.shape[0]
+        self.vol_ema = np.zeros(n)
+        self.vol_ref = np.zeros(n)
+        self.count = np.zeros(n, dtype=np.int64)
+        """Observations seen per instrument (a warm start counts as a full warm-up)."""
+        self.scale = np.ones(n)
+        self.rejected = 0
+
+    def warm_start(self, median_sq_return: Any) -> None:
+        """Start both trackers at the training median of ``l**2`` (``[n]``; non-finite or <= 0
+        entries leave that instrument cold)."""
+        med = np.asarray(median_sq_return, dtype=np.float64)
+        ok = np.isfinite(med) & (med > 0)
+        self.vol_ema = np.where(ok, med, self.vol_ema)
+        self.vol_ref = np.where(ok, med, self.vol_ref)
+        self.count = np.where(ok, np.maximum(self.count, self.config.warmup_bars), self.count)
+        self.scale = np.where(ok, self._ratio(), self.scale)
+
+    def update(self, log_returns: Any) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """Step every instrument with its bar log-return (``[n]``; NaN = no bar); returns the scale."""
+        lr = np.asarray(log_returns, dtype=np.float64)
+        ok = np.isfinite(lr)
+        self.rejected += int((~ok & ~np.isnan(lr)).sum())
+        sq = np.where(ok, lr * lr, 0.0)
+        cfg = self.config
+        first = ok & (self.count == 0)
+        ema = np.where(first, sq, (1 - cfg.fast_alpha) * self.vol_ema + cfg.fast_alpha * sq)
+        count = self.count + ok
+        warming = count <= cfg.warmup_bars
+        running_mean = self.vol_ref + (ema - self.vol_ref) / np.maximum(count, 1)
+        tracked = (1 - cfg.slow_alpha) * self.vol_ref + cfg.slow_alpha * ema
+        ref = np.where(warming, running_mean, tracked)
+        self.vol_ema = np.where(ok, ema, self.vol_ema)
+        self.vol_ref = np.where(ok, ref, self.vol_ref)
+        self.count = count
+        self.scale = np.where(ok, self._ratio(), self.scale)
+        return self.scale
+
+    def _ratio(self) -> np.ndarray[Any, np.dtype[np.float64]]:
+        eff = np.maximum(self.vol_ref, self.floors)
+        ratio = eff / (self.vol_ema + _EPS)
+        out: np.ndarray[Any, np.dtype[np.float64]] = np.clip(
+            np.where(np.isfinite(ratio), ratio, self.scale_floor), self.scale_floor, 1.0
+        )
+        return out
+
+
+def ema_series(x: Any, alpha: float, init: float, block: int = 256) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """EMA of a series, ``y_t = (1 - alpha) y_{t-1} + alpha x_t`` with ``y_{-1} = init``.
+
+    ``x``: ``[T]`` (float64). Vectorised in blocks of ``block`` steps: inside a block
+    ``y = W x + a^(t+1) y_prev`` with the lower-triangular ``W[t, s] = alpha a^(t-s)``
+    (``a = 1 - alpha``), so a million bars cost a few hundred small matrix products instead of a
+    Python loop. Same recursion as :meth:`RegimeTracker.update` after its first observation.
+    """
+    if not 0.0 < alpha <= 1.0 or not math.isfinite(init):
+        raise ValueError("ema_series needs 0 < alpha <= 1 and a finite init")
+    values = np.asarray(x, dtype=np.float64)
+    a = 1.0 - alpha
+    idx = np.arange(block)
+    lag = idx[:, None] - idx[None, :]
+    weights = np.where(lag >= 0, alpha * a ** np.maximum(lag, 0), 0.0)
+    carry = a ** (idx + 1.0)
+    out = np.empty_like(values)
+    prev = float(init)
+    for start in range(0, values.shape[0], block):
+        chunk = values[start : start + block]
+        m = chunk.shape[0]
+        y = weights[:m, :m] @ chunk + carry[:m] * prev
+        out[start : start + m] = y
+        prev = float(y[-1])
+    return out

@@ -1,0 +1,86 @@
+"""Regime scale, its vectorised EMA and the learned floor that breaks the calm-stretch deadlock."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from agent.policy.regime import RegimeConfig, RegimeTracker, ema_series
+from agent.train.floors import floor_target, next_floor, vol_ema_of
+
+CFG = RegimeConfig(fast_bars=20, slow_bars=5000, warmup_bars=200)
+SCALE_FLOOR = 0.1
+
+
+def _run(tracker: RegimeTracker, returns: np.ndarray) -> np.ndarray:
+    return np.array([tracker.update(np.array([r]))[0] for r in returns])
+
+
+def test_calm_stretch_deadlocks_without_the_floor_and_recovers_with_it() -> None:
+    rng = np.random.default_rng(1)
+    active = rng.normal(0.0, 1e-4, 3000)
+    calm = rng.normal(0.0, 1e-7, 20_000)
+    back = rng.normal(0.0, 1e-4, 3000)
+    floor = floor_target(vol_ema_of(active, CFG), CFG.floor_quantile)
+    assert floor is not None and 1e-9 < floor < 1e-8
+
+    scales = {}
+    for name, floors in (("no_floor", [0.0]), ("floor", [floor])):
+        tracker = RegimeTracker(CFG, SCALE_FLOOR, floors)
+        tracker.warm_start([np.median(active**2)])
+        scales[name] = _run(tracker, np.concatenate([active, calm, back]))[-3000:]
+
+    # Without the floor the slow tracker has followed the calm down: once activity returns the
+    # scale sits at its minimum for hundreds of bars and is still far from normal 1,000 bars on.
+    no_floor, with_floor = scales["no_floor"], scales["floor"]
+    assert np.median(no_floor[:250]) == SCALE_FLOOR
+    assert np.median(no_floor[:1000]) < 0.25
+    # With the floor: normal sizing within one fast horizon (the ratio is bounded by floor/vol_ema).
+    assert np.median(with_floor[20:250]) > 0.5
+    assert np.median(with_floor[:1000]) > 2 * np.median(no_floor[:1000])
+
+
+def test_ema_series_matches_the_tracker_recursion() -> None:
+    rng = np.random.default_rng(2)
+    lr = rng.normal(0.0, 1e-4, 1000)
+    tracker = RegimeTracker(CFG, SCALE_FLOOR, [0.0])
+    med = float(np.median(lr**2))
+    tracker.warm_start([med])
+    stepped = []
+    for r in lr:
+        tracker.update(np.array([r]))
+        stepped.append(tracker.vol_ema[0])
+    np.testing.assert_allclose(ema_series(lr**2, CFG.fast_alpha, med, block=64), stepped, rtol=1e-10)
+    np.testing.assert_allclose(vol_ema_of(lr, CFG), stepped, rtol=1e-10)
+
+
+def test_tracker_cold_start_running_mean_and_bad_input() -> None:
+    tracker = RegimeTracker(CFG, SCALE_FLOOR, [0.0, 0.0])
+    # Both instruments see 0/0 at first: the scale is finite.
+    scale = tracker.update(np.array([0.0, 1e-4]))
+    assert np.all(np.isfinite(scale)) and scale[1] == 1.0
+    before = (tracker.vol_ema.copy(), tracker.scale.copy())
+    tracker.update(np.array([np.inf, np.nan]))
+    assert tracker.rejected == 1
+    np.testing.assert_array_equal(tracker.vol_ema, before[0])
+    np.testing.assert_array_equal(tracker.scale, before[1])
+    # During the warm-up vol_ref is the running mean of vol_ema.
+    tracker = RegimeTracker(CFG, SCALE_FLOOR, [0.0])
+    emas = []
+    for r in (1e-4, 2e-4, 3e-4):
+        tracker.update(np.array([r]))
+        emas.append(tracker.vol_ema[0])
+    assert tracker.vol_ref[0] == pytest.approx(np.mean(emas))
+    with pytest.raises(ValueError, match="floors"):
+        RegimeTracker(CFG, SCALE_FLOOR, [math.nan])
+
+
+def test_floor_moves_slowly_in_log_space() -> None:
+    assert next_floor(None, 4e-9, 0.2) == 4e-9
+    assert next_floor(1e-8, None, 0.2) == 1e-8
+    assert next_floor(1e-8, 1e-10, 0.5) == pytest.approx(1e-9)
+    assert floor_target(np.zeros(10), 0.1) is None
+    with pytest.raises(ValueError, match="floor_quantile"):
+        RegimeConfig(floor_quantile=1.5)
