@@ -54,10 +54,8 @@ def bucket_sums(values: Any, ts_ns: Any, bucket_ns: int) -> np.ndarray[Any, np.d
     buckets are absent)."""
     keys = np.asarray(ts_ns, dtype=np.int64) // bucket_ns
     _, inverse = np.unique(keys, return_inverse=True)
-    out: np.ndarray[Any, np.dtype[np.float64]] = np.bincount(
-        inverse.ravel(), weights=np.asarray(values, dtype=np.float64)
-    )
-    return out
+    sums = np.bincount(inverse.ravel(), weights=np.asarray(values, dtype=np.float64))
+    return sums.astype(np.float64)
 
 
 def _annualised(mean: float, dev: float, periods_per_year: float) -> float:
