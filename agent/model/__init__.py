@@ -21,6 +21,14 @@ against it. Contract shared with :mod:`agent.gpu` and the trainer:
 """
 
 from agent.model.arrays import Array, Params, array_module, to_numpy
+from agent.model.checkpoint import (
+    Checkpoint,
+    checkpoint_from_bytes,
+    checkpoint_to_bytes,
+    read_checkpoint,
+    sha256_hex,
+    write_checkpoint,
+)
 from agent.model.config import ModelConfig
 from agent.model.errors import CheckpointError, ModelError, NonFiniteError
 from agent.model.heads import (
@@ -33,12 +41,17 @@ from agent.model.heads import (
     return_bin_of,
     return_moments,
 )
+from agent.model.losses import c51_loss_and_grad, c51_project, return_loss_and_grad
 from agent.model.network import NetworkCache, backward, forward
+from agent.model.optim import Adam, AdamState, clip_grad_norm
 from agent.model.params import init_params, layout_fingerprint, param_shapes
 
 __all__ = [
     "ACTIONS",
+    "Adam",
+    "AdamState",
     "Array",
+    "Checkpoint",
     "CheckpointError",
     "ModelConfig",
     "ModelError",
@@ -47,16 +60,25 @@ __all__ = [
     "Params",
     "array_module",
     "backward",
+    "c51_loss_and_grad",
+    "c51_project",
     "c51_support",
+    "checkpoint_from_bytes",
+    "checkpoint_to_bytes",
+    "clip_grad_norm",
     "expected_q",
     "forward",
     "init_params",
     "layout_fingerprint",
     "param_shapes",
     "q_probs",
+    "read_checkpoint",
     "ret_probs",
     "return_bin_centres",
     "return_bin_of",
+    "return_loss_and_grad",
     "return_moments",
+    "sha256_hex",
     "to_numpy",
+    "write_checkpoint",
 ]
