@@ -1,0 +1,224 @@
+"""Reading MBP-10 DBN files: one ``.dbn`` / ``.dbn.zst`` file or a directory of daily files.
+
+Decoding goes through ``databento.DBNStore`` (compression is sniffed from the bytes, DBN versions
+1-3 are read, MBP-10's layout is the same in all three) and its ``to_ndarray`` views, so records
+come back as :data:`~feeds.records.MBP10_DTYPE` arrays without any per-record Python. Every record
+header is then checked (``to_ndarray`` views bytes without looking at them), and every problem
+(another schema, truncation, corrupt bytes, an empty directory) becomes a
+:class:`~feeds.errors.DBNFormatError` that names the file.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import databento
+import databento_dbn
+import numpy as np
+import numpy.typing as npt
+from databento.common.error import BentoError, BentoWarning
+
+from feeds.dbn.framing import check_mbp10, concat_mbp10, take_mbp10
+from feeds.errors import DBNFormatError
+
+__all__ = ["DBNInfo", "dbn_files", "iter_mbp10", "read_mbp10", "read_metadata"]
+
+DBN_SUFFIXES = (".dbn", ".dbn.zst")
+UNDEF_TIMESTAMP = 2**64 - 1
+RECV_LAG_NS = 60 * 1_000_000_000
+"""Margin when skipping files by their metadata range: metadata start/end bound ``ts_event``;
+``ts_recv`` follows ``ts_event`` by far less than this."""
+
+
+@dataclass(frozen=True, slots=True)
+class DBNInfo:
+    """What a DBN file's metadata says."""
+
+    path: Path
+    dataset: str
+    schema: str | None
+    version: int
+    start_ns: int
+    """Start of the data's time range, ns since the UNIX epoch (UTC)."""
+    end_ns: int | None
+    """End (exclusive), or None where the file leaves it undefined (an open recording)."""
+    symbols: dict[int, str]
+    """instrument_id -> symbol, from the file's symbology."""
+
+
+def _is_dbn(path: Path) -> bool:
+    """A visible ``*.dbn``/``*.dbn.zst`` file (dot-files are writers' temporaries)."""
+    return path.is_file() and path.name.endswith(DBN_SUFFIXES) and not path.name.startswith(".")
+
+
+def dbn_files(path: str | Path) -> list[Path]:
+    """The DBN files at ``path``: the file itself, or a directory's ``*.dbn``/``*.dbn.zst``
+    files (not recursive), by name. Raises :class:`DBNFormatError` if there are none."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(child for child in p.iterdir() if _is_dbn(child))
+        if not files:
+            raise DBNFormatError(f"{p}: directory holds no .dbn or .dbn.zst files")
+        return files
+    if not p.exists():
+        raise DBNFormatError(f"{p}: no such file or directory")
+    if not p.is_file():
+        raise DBNFormatError(f"{p}: not a regular file")
+    return [p]
+
+
+def _open(path: Path) -> databento.DBNStore:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BentoWarning)
+            return databento.DBNStore.from_file(path)
+    except (BentoError, BentoWarning, databento_dbn.DBNError, ValueError, OSError) as exc:
+        raise DBNFormatError(f"{path}: not a readable DBN file: {exc}") from None
+
+
+def _symbols(store: databento.DBNStore) -> dict[int, str]:
+    """instrument_id -> raw symbol from the symbology (``stype_out`` must be instrument ids)."""
+    metadata = store.metadata
+    if str(metadata.stype_out) != str(databento_dbn.SType.INSTRUMENT_ID):
+        return {}
+    out: dict[int, str] = {}
+    for raw_symbol, intervals in metadata.mappings.items():
+        for interval in intervals:
+            text = str(interval["symbol"])
+            if text.isdigit():
+                out[int(text)] = raw_symbol
+    return out
+
+
+def _info(path: Path, store: databento.DBNStore) -> DBNInfo:
+    metadata = store.metadata
+    end = int(metadata.end) if metadata.end is not None else UNDEF_TIMESTAMP
+    return DBNInfo(
+        path=path,
+        dataset=str(metadata.dataset),
+        schema=str(metadata.schema) if metadata.schema is not None else None,
+        version=int(metadata.version),
+        start_ns=int(metadata.start),
+        end_ns=None if end == UNDEF_TIMESTAMP else end,
+        symbols=_symbols(store),
+    )
+
+
+def _require_mbp10(path: Path, store: databento.DBNStore) -> None:
+    schema = store.metadata.schema
+    if schema is None or str(schema) != str(databento_dbn.Schema.MBP_10):
+        raise DBNFormatError(f"{path}: schema is {schema or 'mixed'}, expected mbp-10")
+
+
+def read_metadata(path: str | Path) -> DBNInfo:
+    """Metadata of one DBN file (any schema)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DBNFormatError(f"{p}: no such file")
+    return _info(p, _open(p))
+
+
+def _chunks(path: Path, store: databento.DBNStore, chunk_records: int) -> Iterator[npt.NDArray[np.void]]:
+    """Checked MBP-10 chunks of one file, in file order (read-only views)."""
+    _require_mbp10(path, store)
+    decoded = 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BentoWarning)
+            for chunk in store.to_ndarray(count=chunk_records):
+                records: npt.NDArray[np.void] = chunk
+                check_mbp10(records, f"{path} (records {decoded}..{decoded + len(records)})")
+                decoded += len(records)
+                if len(records):
+                    yield records
+    except (BentoError, BentoWarning, databento_dbn.DBNError, ValueError, OSError) as exc:
+        raise DBNFormatError(f"{path}: corrupt or truncated after {decoded} records: {exc}") from None
+
+
+def _ordered_stores(path: str | Path) -> list[tuple[Path, databento.DBNStore, DBNInfo]]:
+    """Open every file and order them by metadata start, then name."""
+    opened = []
+    for file in dbn_files(path):
+        store = _open(file)
+        _require_mbp10(file, store)
+        opened.append((file, store, _info(file, store)))
+    opened.sort(key=lambda item: (item[2].start_ns, item[0].name))
+    return opened
+
+
+def _overlaps(info: DBNInfo, start_ns: int | None, end_ns: int | None) -> bool:
+    if end_ns is not None and info.start_ns >= end_ns:
+        return False
+    return not (start_ns is not None and info.end_ns is not None and info.end_ns + RECV_LAG_NS <= start_ns)
+
+
+def _window(records: npt.NDArray[np.void], start_ns: int | None, end_ns: int | None) -> npt.NDArray[np.void]:
+    if start_ns is None and end_ns is None:
+        return records
+    ts = records["ts_recv"]
+    keep = np.ones(len(records), dtype=bool)
+    if start_ns is not None:
+        keep &= ts >= np.uint64(max(start_ns, 0))
+    if end_ns is not None:
+        keep &= ts < np.uint64(max(end_ns, 0))
+    return records if keep.all() else take_mbp10(records, keep)
+
+
+def iter_mbp10(
+    path: str | Path,
+    *,
+    chunk_records: int = 65_536,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> Iterator[npt.NDArray[np.void]]:
+    """Yield MBP-10 records of a file or directory in bounded-memory chunks (each at most
+    ``chunk_records`` records of :data:`MBP10_DTYPE`, read-only), files in time order.
+
+    Each file is yielded in its own order, which is ``ts_recv`` order for every file this
+    project writes. Files are expected to cover disjoint time ranges (daily files); if a chunk
+    starts before the previous one ended, :class:`DBNFormatError` says so (use
+    :func:`read_mbp10`, which merges). ``start_ns``/``end_ns`` keep ``start_ns <= ts_recv <
+    end_ns``.
+    """
+    if chunk_records <= 0:
+        raise ValueError("chunk_records must be positive")
+    last_ts = 0
+    last_file: Path | None = None
+    for file, store, info in _ordered_stores(path):
+        if not _overlaps(info, start_ns, end_ns):
+            continue
+        for chunk in _chunks(file, store, chunk_records):
+            records = _window(chunk, start_ns, end_ns)
+            if not len(records):
+                continue
+            first = int(records["ts_recv"][0])
+            if last_file is not None and last_file != file and first < last_ts:
+                raise DBNFormatError(
+                    f"{file}: overlaps {last_file} in time; read the directory with read_mbp10 to merge"
+                )
+            last_ts = int(records["ts_recv"][-1])
+            last_file = file
+            yield records
+
+
+def read_mbp10(
+    path: str | Path, *, start_ns: int | None = None, end_ns: int | None = None
+) -> npt.NDArray[np.void]:
+    """All MBP-10 records of a file or directory of daily files, sorted by ``ts_recv`` (stable:
+    records with equal ``ts_recv`` keep file order, files taken by metadata start then name).
+
+    Returns a writable array of :data:`MBP10_DTYPE`, shape ``[n]``; ``start_ns``/``end_ns``
+    keep ``start_ns <= ts_recv < end_ns`` (ns since the UNIX epoch).
+    """
+    parts: list[npt.NDArray[np.void]] = []
+    for file, store, info in _ordered_stores(path):
+        if _overlaps(info, start_ns, end_ns):
+            parts.extend(_window(chunk, start_ns, end_ns) for chunk in _chunks(file, store, 1 << 20))
+    records = concat_mbp10(parts)
+    ts = records["ts_recv"]
+    if len(ts) > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
+        records = take_mbp10(records, np.argsort(ts, kind="stable"))
+    return records
