@@ -41,6 +41,10 @@ class HealthConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     stale_after_s: float = 5.0
     max_price_jump_ticks: int = 2000
     """A top-of-book move larger than this many ticks in one record is an absurd price."""
+    max_sequence_gap: int = 0
+    """A forward jump of an instrument's ``sequence`` larger than this is a gap; 0 disables the
+    forward check (Databento's sequence is per venue channel, shared by its instruments, so a
+    partial subscription jumps by design). A backward sequence is always a fault."""
 
 
 class SourceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -1,0 +1,198 @@
+"""The per-instrument order book as MBP-10 records carry it.
+
+An MBP-10 record holds the 10 bid and ask levels *after* its event, so the book of an instrument
+at any moment is simply the levels of its last record: there is nothing to rebuild. This module
+gives zero-copy views of those levels over a record array (for the vectorised paths), the
+book-at-a-point quantities every consumer needs (mid, spread, microprice, depth imbalance), and
+:class:`BookSnapshot`, a plain copy of one record's book for live consumers.
+
+Conventions
+-----------
+* Prices are Databento 1e-9 fixed-point integers (:data:`feeds.records.PRICE_SCALE`); a missing
+  level has price :data:`feeds.records.UNDEF_PRICE` and size 0. Integer prices are converted to
+  ticks only here, with ``tick_fixed = round(tick_size * PRICE_SCALE)``.
+* Level arrays have shape ``(n, LEVELS)``; column 0 is the top of book.
+* Trades are the records with ``action == b"T"``; their ``side`` is the aggressor
+  (``b"B"``: a buyer lifted the ask, ``b"A"``: a seller hit the bid, ``b"N"``: unknown).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from feeds.errors import FeedError
+from feeds.records import LEVELS, MBP10_DTYPE, PRICE_SCALE, UNDEF_PRICE
+
+__all__ = [
+    "BOOK_COLUMNS",
+    "BookSnapshot",
+    "Levels",
+    "book_columns",
+    "level_arrays",
+    "tick_fixed",
+]
+
+_LEVEL_DTYPE = np.dtype(
+    [
+        ("bid_px", "<i8"),
+        ("ask_px", "<i8"),
+        ("bid_sz", "<u4"),
+        ("ask_sz", "<u4"),
+        ("bid_ct", "<u4"),
+        ("ask_ct", "<u4"),
+    ]
+)
+_LEVELS_OFFSET = MBP10_DTYPE.fields["bid_px_00"][1]  # type: ignore[index]
+_LEVELS_VIEW = np.dtype(
+    {
+        "names": ["levels"],
+        "formats": [(_LEVEL_DTYPE, (LEVELS,))],
+        "offsets": [_LEVELS_OFFSET],
+        "itemsize": MBP10_DTYPE.itemsize,
+    }
+)
+
+
+def tick_fixed(tick_size: float) -> int:
+    """The tick size as a 1e-9 fixed-point integer (``0.25`` -> ``250_000_000``).
+
+    Raises :class:`FeedError` when the tick is not positive or not representable.
+    """
+    fixed = round(tick_size * PRICE_SCALE)
+    if not (tick_size > 0 and fixed > 0):
+        raise FeedError(f"tick_size must be positive, got {tick_size!r}")
+    return fixed
+
+
+class Levels(NamedTuple):
+    """Strided, read-only views of the 10 levels of ``n`` records, each of shape ``(n, LEVELS)``.
+
+    ``bid_px``/``ask_px`` are int64 fixed-point prices, ``bid_sz``/``ask_sz`` uint32 contracts.
+    """
+
+    bid_px: np.ndarray
+    ask_px: np.ndarray
+    bid_sz: np.ndarray
+    ask_sz: np.ndarray
+
+
+def level_arrays(records: np.ndarray) -> Levels:
+    """Views of the book levels of ``records`` (dtype :data:`MBP10_DTYPE`, shape ``(n,)``).
+
+    No copy is made when ``records`` is contiguous; a strided input is copied once.
+    """
+    if records.dtype != MBP10_DTYPE:
+        raise FeedError(f"expected MBP-10 records, got dtype {records.dtype}")
+    contiguous = np.ascontiguousarray(records)
+    levels = contiguous.view(_LEVELS_VIEW)["levels"]
+    return Levels(levels["bid_px"], levels["ask_px"], levels["bid_sz"], levels["ask_sz"])
+
+
+# Columns of the book-at-a-point matrix returned by :func:`book_columns`.
+BOOK_COLUMNS: tuple[str, ...] = (
+    "mid_ticks",
+    "spread_ticks",
+    "microprice_offset_ticks",
+    "depth_imbalance_l1",
+    "depth_imbalance_l3",
+    "depth_imbalance_l5",
+    "depth_imbalance_l10",
+    "log_depth_bid_l10",
+    "log_depth_ask_l10",
+    "bid_price",
+    "ask_price",
+    "bid_size",
+    "ask_size",
+    "mid_price",
+)
+_DEPTHS = (1, 3, 5, 10)
+
+
+def book_columns(levels: Levels, rows: np.ndarray, tick: int) -> np.ndarray:
+    """Book quantities of the records ``rows`` of ``levels``, float64 ``(len(rows), len(BOOK_COLUMNS))``.
+
+    The rows must have a valid top of book (both sides present, positive, not crossed: the
+    health checks guarantee it for the rows the feature kernel passes). Definitions, with
+    ``b, a`` the best bid/ask, ``qb, qa`` their sizes and ``B_k, A_k`` the bid/ask size summed
+    over levels ``1..k``:
+
+    * ``mid_ticks = (b + a) / 2 / tick``; ``spread_ticks = (a - b) / tick``;
+    * ``microprice_offset_ticks = (microprice - mid) / tick`` with
+      ``microprice = (b * qa + a * qb) / (qa + qb)`` (0 when ``qa + qb == 0``);
+    * ``depth_imbalance_lk = (B_k - A_k) / (B_k + A_k)`` in ``[-1, 1]`` (0 when both are 0);
+    * ``log_depth_{bid,ask}_l10 = log1p(B_10)``, ``log1p(A_10)``;
+    * ``bid_price``, ``ask_price``, ``mid_price`` in price units; ``bid_size``, ``ask_size`` in
+      contracts.
+    """
+    out = np.zeros((rows.shape[0], len(BOOK_COLUMNS)), dtype=np.float64)
+    if rows.shape[0] == 0:
+        return out
+    bid = levels.bid_px[rows, 0].astype(np.float64)
+    ask = levels.ask_px[rows, 0].astype(np.float64)
+    bid_sz = levels.bid_sz[rows].astype(np.float64)
+    ask_sz = levels.ask_sz[rows].astype(np.float64)
+    cum_bid = np.cumsum(bid_sz, axis=1)
+    cum_ask = np.cumsum(ask_sz, axis=1)
+    tick_f = float(tick)
+    mid = (bid + ask) * 0.5
+    qb, qa = bid_sz[:, 0], ask_sz[:, 0]
+    top = qb + qa
+    micro = np.divide(bid * qa + ask * qb, top, out=mid.copy(), where=top > 0)
+    out[:, 0] = mid / tick_f
+    out[:, 1] = (ask - bid) / tick_f
+    out[:, 2] = (micro - mid) / tick_f
+    for col, depth in enumerate(_DEPTHS, start=3):
+        b_k, a_k = cum_bid[:, depth - 1], cum_ask[:, depth - 1]
+        total = b_k + a_k
+        out[:, col] = np.divide(b_k - a_k, total, out=np.zeros_like(total), where=total > 0)
+    out[:, 7] = np.log1p(cum_bid[:, LEVELS - 1])
+    out[:, 8] = np.log1p(cum_ask[:, LEVELS - 1])
+    out[:, 9] = bid / PRICE_SCALE
+    out[:, 10] = ask / PRICE_SCALE
+    out[:, 11] = qb
+    out[:, 12] = qa
+    out[:, 13] = mid / PRICE_SCALE
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BookSnapshot:
+    """The 10-level book of one instrument after one record (a plain copy, safe to keep).
+
+    Prices are 1e-9 fixed-point integers (``UNDEF_PRICE`` for a missing level), sizes contracts;
+    each tuple has ``LEVELS`` entries, top of book first. ``ts_recv`` is UNIX ns.
+    """
+
+    instrument_id: int
+    ts_recv: int
+    bid_px: tuple[int, ...]
+    ask_px: tuple[int, ...]
+    bid_sz: tuple[int, ...]
+    ask_sz: tuple[int, ...]
+
+    @classmethod
+    def from_record(cls, record: np.ndarray) -> BookSnapshot:
+        """The book carried by ``record``: a 0-d or 1-element array of :data:`MBP10_DTYPE`."""
+        row = np.asarray(record, dtype=MBP10_DTYPE).reshape(1)
+        levels = level_arrays(row)
+        return cls(
+            instrument_id=int(row["instrument_id"][0]),
+            ts_recv=int(row["ts_recv"][0]),
+            bid_px=tuple(int(x) for x in levels.bid_px[0]),
+            ask_px=tuple(int(x) for x in levels.ask_px[0]),
+            bid_sz=tuple(int(x) for x in levels.bid_sz[0]),
+            ask_sz=tuple(int(x) for x in levels.ask_sz[0]),
+        )
+
+    @property
+    def best_bid(self) -> int | None:
+        """Best bid price (fixed point), ``None`` when the bid side is empty."""
+        return None if self.bid_px[0] == UNDEF_PRICE or self.bid_sz[0] == 0 else self.bid_px[0]
+
+    @property
+    def best_ask(self) -> int | None:
+        """Best ask price (fixed point), ``None`` when the ask side is empty."""
+        return None if self.ask_px[0] == UNDEF_PRICE or self.ask_sz[0] == 0 else self.ask_px[0]

@@ -1,0 +1,305 @@
+"""Book health per instrument: the rules, their counters and their episodes.
+
+The rules are written once, over arrays (:func:`record_faults`): the vectorised path calls them on
+a whole file, the incremental path on the records of each bar as it closes (see
+:mod:`feeds.features`), so both judge every record identically. A record gets a bit mask of the
+checks it fails:
+
+``sequence``
+    The record's ``sequence`` is lower than the previous record's *of the same instrument*
+    (out-of-order, replayed or reset feed). Databento's ``sequence`` is the venue's number per
+    *channel*, shared by every instrument of the channel, so a subscription to some instruments
+    sees forward jumps by design; a forward jump is judged a gap only when it exceeds
+    ``HealthConfig.max_sequence_gap`` (0, the default, disables the forward check). Equal
+    sequences are normal (one venue packet can carry several book events).
+``crossed``
+    Best bid >= best ask (crossed or locked top of book), both sides present.
+``empty_side``
+    A side has no top level (price ``UNDEF_PRICE`` or size 0).
+``bad_price``
+    A present top-of-book price <= 0, a trade (action ``T``) with a price that is ``UNDEF`` or
+    <= 0, or a best bid or ask that moved more than ``max_price_jump_ticks`` ticks from the
+    previous record (both records with a present, positive top).
+``time_backwards``
+    ``ts_recv`` earlier than the latest ``ts_recv`` seen before it for the instrument (the bar
+    clock runs on that running maximum, so such a record never moves the clock back).
+``stale``
+    No record for more than ``stale_after_s``: judged between consecutive records (replay, where
+    the clock is the records' own ``ts_recv``) and against a clock the caller passes (live). A
+    stale episode starts at ``last ts_recv + stale_after`` and ends at the next record.
+``gap``
+    The transport reported missing records (a source's ``GAP``/``DISCONNECTED`` health event),
+    passed in by the caller; it ends with the next record.
+
+The first four are *record faults*: a record with any of them is unhealthy and its data never
+reaches the features as valid (the bar that holds it is not tradable; see :mod:`feeds.features`).
+``time_backwards`` is a record fault as well. Each check has a counter (failing records; one
+per stale or gap episode), and each maximal run of failures is one :class:`HealthEpisode`
+(start, end, check, count), logged once when it opens (WARNING) and once when it closes (INFO).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+
+import numpy as np
+
+from feeds.config import HealthConfig
+from feeds.records import ACTION_TRADE, UNDEF_PRICE
+
+__all__ = [
+    "RECORD_FAULTS",
+    "Check",
+    "HealthEpisode",
+    "HealthMonitor",
+    "HealthState",
+    "PrevTop",
+    "record_faults",
+]
+
+log = logging.getLogger(__name__)
+
+
+class Check(enum.StrEnum):
+    """One health check; :attr:`bit` is its bit in a record's fault mask."""
+
+    SEQUENCE = "sequence"
+    CROSSED = "crossed"
+    EMPTY_SIDE = "empty_side"
+    BAD_PRICE = "bad_price"
+    TIME_BACKWARDS = "time_backwards"
+    STALE = "stale"
+    GAP = "gap"
+
+    @property
+    def bit(self) -> int:
+        return _BITS[self]
+
+
+_BITS: dict[Check, int] = {check: 1 << i for i, check in enumerate(Check)}
+_RECORD_CHECKS: tuple[Check, ...] = (
+    Check.SEQUENCE,
+    Check.CROSSED,
+    Check.EMPTY_SIDE,
+    Check.BAD_PRICE,
+    Check.TIME_BACKWARDS,
+)
+RECORD_FAULTS: int = sum(c.bit for c in _RECORD_CHECKS)
+"""Mask of the checks judged per record (a record failing any of them is unhealthy)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrevTop:
+    """What the record rules need of the instrument's previous record.
+
+    ``ts_recv`` is the running maximum of ``ts_recv`` so far (UNIX ns); ``bid``/``ask`` are the
+    previous record's best prices (fixed point), ``UNDEF_PRICE`` when absent or not positive.
+    """
+
+    ts_recv: int
+    sequence: int
+    bid: int
+    ask: int
+
+
+def _valid_price(px: np.ndarray) -> np.ndarray:
+    valid: np.ndarray = (px != UNDEF_PRICE) & (px > 0)
+    return valid
+
+
+def record_faults(
+    records: np.ndarray,
+    bid: np.ndarray,
+    ask: np.ndarray,
+    *,
+    prev: PrevTop | None,
+    tick: int,
+    config: HealthConfig,
+) -> np.ndarray:
+    """Fault mask (uint8, shape ``(n,)``) of ``records`` (one instrument, arrival order).
+
+    ``bid``/``ask`` are the best prices of the records (int64 fixed point, shape ``(n,)``),
+    ``prev`` the instrument's previous record (``None`` at the start of the stream), ``tick`` the
+    tick size in fixed point. Only the record bits of :class:`Check` are set here.
+    """
+    n = records.shape[0]
+    faults = np.zeros(n, dtype=np.uint8)
+    if n == 0:
+        return faults
+    bid_sz = records["bid_sz_00"]
+    ask_sz = records["ask_sz_00"]
+    empty = (bid == UNDEF_PRICE) | (ask == UNDEF_PRICE) | (bid_sz == 0) | (ask_sz == 0)
+    faults |= empty.view(np.uint8) * np.uint8(Check.EMPTY_SIDE.bit)
+    ok_bid = _valid_price(bid)
+    ok_ask = _valid_price(ask)
+    crossed = ~empty & (bid >= ask)
+    faults |= crossed.view(np.uint8) * np.uint8(Check.CROSSED.bit)
+
+    price = records["price"]
+    is_trade = records["action"] == ACTION_TRADE
+    bad = (~empty & ~(ok_bid & ok_ask)) | (is_trade & ~_valid_price(price))
+    ts = records["ts_recv"].astype(np.int64)
+    seq = records["sequence"].astype(np.int64)
+    prev_bid = np.empty(n, dtype=np.int64)
+    prev_ask = np.empty(n, dtype=np.int64)
+    prev_bid[1:] = np.where(ok_bid[:-1], bid[:-1], UNDEF_PRICE)
+    prev_ask[1:] = np.where(ok_ask[:-1], ask[:-1], UNDEF_PRICE)
+    prev_ts = np.empty(n, dtype=np.int64)
+    np.maximum.accumulate(ts[:-1], out=prev_ts[1:])
+    prev_seq = np.empty(n, dtype=np.int64)
+    prev_seq[1:] = seq[:-1]
+    if prev is None:
+        prev_bid[0] = prev_ask[0] = UNDEF_PRICE
+        prev_ts[0] = ts[0]
+        prev_seq[0] = seq[0]
+    else:
+        prev_bid[0], prev_ask[0], prev_seq[0] = prev.bid, prev.ask, prev.sequence
+        prev_ts[0] = prev.ts_recv
+        np.maximum(prev_ts, prev.ts_recv, out=prev_ts)
+    limit = config.max_price_jump_ticks * tick
+    jump_bid = ok_bid & (prev_bid != UNDEF_PRICE) & (np.abs(bid - prev_bid) > limit)
+    jump_ask = ok_ask & (prev_ask != UNDEF_PRICE) & (np.abs(ask - prev_ask) > limit)
+    bad |= jump_bid | jump_ask
+    faults |= bad.view(np.uint8) * np.uint8(Check.BAD_PRICE.bit)
+    faults |= (ts < prev_ts).view(np.uint8) * np.uint8(Check.TIME_BACKWARDS.bit)
+    seq_bad = seq < prev_seq
+    if config.max_sequence_gap > 0:
+        seq_bad |= (seq - prev_seq) > config.max_sequence_gap
+    faults |= seq_bad.view(np.uint8) * np.uint8(Check.SEQUENCE.bit)
+    return faults
+
+
+def prev_top_of(records: np.ndarray, bid: np.ndarray, ask: np.ndarray, prev: PrevTop | None) -> PrevTop:
+    """The :class:`PrevTop` after ``records`` (non-empty) given the one before them."""
+    ts_max = int(records["ts_recv"].max())
+    if prev is not None:
+        ts_max = max(ts_max, prev.ts_recv)
+    b, a = int(bid[-1]), int(ask[-1])
+    return PrevTop(
+        ts_recv=ts_max,
+        sequence=int(records["sequence"][-1]),
+        bid=b if b != UNDEF_PRICE and b > 0 else UNDEF_PRICE,
+        ask=a if a != UNDEF_PRICE and a > 0 else UNDEF_PRICE,
+    )
+
+
+@dataclasses.dataclass(slots=True)
+class HealthEpisode:
+    """One episode of a failing check: ``[start_ns, end_ns)`` in UNIX ns (``end_ns`` is ``None``
+    while it is open). ``count`` is the number of failing records (1 for stale and gap)."""
+
+    instrument_id: int
+    check: Check
+    start_ns: int
+    end_ns: int | None
+    count: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HealthState:
+    """The health of one instrument now: healthy, or the checks that are failing."""
+
+    healthy: bool
+    reasons: tuple[Check, ...]
+
+
+class HealthMonitor:
+    """Counters, state and episodes of the health checks of one instrument.
+
+    Both paths feed it through :meth:`observe` (record faults, in arrival order) and
+    :meth:`silence` / :meth:`gap` (clock-based checks), so episodes are identical in replay
+    and live for the same records.
+    """
+
+    def __init__(self, instrument_id: int, symbol: str) -> None:
+        self.instrument_id = instrument_id
+        self.symbol = symbol
+        self.counters: dict[Check, int] = dict.fromkeys(Check, 0)
+        self.episodes: list[HealthEpisode] = []
+        self._open: dict[Check, HealthEpisode] = {}
+
+    @property
+    def state(self) -> HealthState:
+        reasons = tuple(c for c in Check if c in self._open)
+        return HealthState(healthy=not reasons, reasons=reasons)
+
+    def _start(self, check: Check, start_ns: int, count: int) -> HealthEpisode:
+        episode = HealthEpisode(self.instrument_id, check, start_ns, None, count)
+        self.episodes.append(episode)
+        self._open[check] = episode
+        log.warning(
+            "%s (%d): health check '%s' failing since ts %d; not tradable",
+            self.symbol,
+            self.instrument_id,
+            check,
+            start_ns,
+        )
+        return episode
+
+    def _end(self, check: Check, end_ns: int) -> None:
+        episode = self._open.pop(check)
+        episode.end_ns = end_ns
+        log.info(
+            "%s (%d): health check '%s' healthy again at ts %d after %d failure(s)",
+            self.symbol,
+            self.instrument_id,
+            check,
+            end_ns,
+            episode.count,
+        )
+
+    def observe(self, ts_recv: np.ndarray, faults: np.ndarray) -> None:
+        """Account the fault masks ``faults`` (uint8 ``(n,)``) of records received at
+        ``ts_recv`` (UNIX ns ``(n,)``), in arrival order; also ends an open stale episode."""
+        n = faults.shape[0]
+        if n == 0:
+            return
+        if Check.STALE in self._open:
+            self._end(Check.STALE, int(ts_recv[0]))
+        seen = int(np.bitwise_or.reduce(faults))
+        for check in _RECORD_CHECKS:
+            if not (seen & check.bit) and check not in self._open:
+                continue
+            failing = (faults & check.bit) != 0
+            self.counters[check] += int(np.count_nonzero(failing))
+            was_open = check in self._open
+            edges = np.flatnonzero(np.diff(failing.view(np.int8), prepend=np.int8(was_open)))
+            running = np.cumsum(failing)
+            open_at = 0
+            for i in edges.tolist():
+                if failing[i]:
+                    self._start(check, int(ts_recv[i]), 0)
+                    open_at = i
+                else:
+                    self._open[check].count += int(running[i - 1]) - (
+                        int(running[open_at - 1]) if open_at else 0
+                    )
+                    self._end(check, int(ts_recv[i]))
+            if failing[-1]:
+                self._open[check].count += int(running[-1]) - (int(running[open_at - 1]) if open_at else 0)
+
+    def silence(self, last_ns: int, until_ns: int | None, stale_ns: int) -> None:
+        """Record a stale episode when nothing came from ``last_ns`` to ``until_ns`` (the next
+        record, or ``None`` with the clock past ``last_ns + stale_ns``: still open)."""
+        if Check.STALE in self._open:
+            if until_ns is not None:
+                self._end(Check.STALE, until_ns)
+            return
+        self.counters[Check.STALE] += 1
+        self._start(Check.STALE, last_ns + stale_ns, 1)
+        if until_ns is not None:
+            self._end(Check.STALE, until_ns)
+
+    def gap(self, at_ns: int) -> None:
+        """The transport reported missing records at ``at_ns``: open a gap episode (ended by the
+        next record)."""
+        if Check.GAP not in self._open:
+            self.counters[Check.GAP] += 1
+            self._start(Check.GAP, at_ns, 1)
+
+    def gap_ended(self, at_ns: int) -> None:
+        """A record arrived at ``at_ns`` after a transport gap: close the gap episode."""
+        if Check.GAP in self._open:
+            self._end(Check.GAP, at_ns)
