@@ -1,0 +1,135 @@
+"""Daemon sessions and the operator timeline (events: halts, gaps, reconnects, swaps...).
+
+Every method runs one transaction through :class:`storage.engine.Database` and is safe to
+call from any thread (blocking: call it from a worker thread in asyncio code). Writes are
+retried on transient failures until ``retry_deadline_s``, then raise ``DatabaseUnavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage._sql import json_document, nonempty
+from storage.engine import Database
+from storage.errors import NotFound
+from storage.models import DaemonSession, Event, utc_now
+from storage.records import EventRecord
+
+__all__ = ["Journal", "add_event"]
+
+
+def add_event(
+    session: Session,
+    kind: str,
+    message: str,
+    *,
+    session_id: int | None = None,
+    instrument_id: int | None = None,
+    checkpoint_id: int | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> Event:
+    """Add an event row inside the caller's transaction (used by the other repositories)."""
+    event = Event(
+        kind=nonempty(kind, "event kind", 32),
+        message=message,
+        session_id=session_id,
+        instrument_id=instrument_id,
+        checkpoint_id=checkpoint_id,
+        details=json_document(details, f"event {kind!r} details"),
+    )
+    session.add(event)
+    session.flush()
+    return event
+
+
+def _event_record(row: Event) -> EventRecord:
+    return EventRecord(
+        id=row.id,
+        kind=row.kind,
+        message=row.message,
+        created_at=row.created_at,
+        session_id=row.session_id,
+        instrument_id=row.instrument_id,
+        checkpoint_id=row.checkpoint_id,
+        details=row.details,
+    )
+
+
+class Journal:
+    """Sessions of the daemon and the event timeline."""
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    def start_session(self, *, mode: str, host: str, pid: int, version: str) -> int:
+        """Record the start of a daemon session (``mode``: live, paper, backtest); return its id."""
+
+        def work(session: Session) -> int:
+            row = DaemonSession(
+                mode=nonempty(mode, "session mode", 16),
+                host=host[:255],
+                pid=pid,
+                version=nonempty(version, "session version", 64),
+            )
+            session.add(row)
+            session.flush()
+            return row.id
+
+        return self._db.write(work, what="start session")
+
+    def end_session(self, session_id: int, *, reason: str) -> None:
+        """Mark a session ended (idempotent: a second call keeps the first end time)."""
+
+        def work(session: Session) -> None:
+            row = session.get(DaemonSession, session_id, with_for_update=True)
+            if row is None:
+                raise NotFound(f"no daemon session {session_id}")
+            if row.ended_at is None:
+                row.ended_at = utc_now()
+                row.end_reason = reason
+
+        self._db.write(work, what="end session")
+
+    def record_event(
+        self,
+        kind: str,
+        message: str,
+        *,
+        session_id: int | None = None,
+        instrument_id: int | None = None,
+        checkpoint_id: int | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Append an event (``kind`` e.g. halt, resume, gap, reconnect, swap); return its id.
+
+        ``details`` must be a JSON object of finite numbers, strings, lists and objects.
+        """
+        return self._db.write(
+            lambda s: (
+                add_event(
+                    s,
+                    kind,
+                    message,
+                    session_id=session_id,
+                    instrument_id=instrument_id,
+                    checkpoint_id=checkpoint_id,
+                    details=details,
+                ).id
+            ),
+            what=f"record event {kind!r}",
+        )
+
+    def events(self, *, kind: str | None = None, after_id: int = 0, limit: int = 1000) -> list[EventRecord]:
+        """Events with ``id > after_id`` (oldest first), optionally of one kind."""
+
+        def work(session: Session) -> list[EventRecord]:
+            query = select(Event).where(Event.id > after_id).order_by(Event.id).limit(limit)
+            if kind is not None:
+                query = query.where(Event.kind == kind)
+            return [_event_record(row) for row in session.scalars(query)]
+
+        return self._db.read(work, what="read events")

@@ -1,0 +1,533 @@
+"""The trading ledger: orders, fills (idempotent), positions, and recovery after a restart.
+
+Contract with the trading side:
+
+* ``record_order`` before the order leaves the process; ``client_order_id`` is the
+  idempotency key (recording the same order twice stores it once).
+* ``record_fills`` before a position counts a fill. A fill is *acknowledged* when the call
+  returns: it is then committed (durable under the configured SQLite ``synchronous`` level or
+  PostgreSQL's WAL). The same ``fill_id`` recorded twice is stored once, so after a
+  ``FillsNotPersisted`` the caller simply re-submits the same fills later; in the meantime it
+  must stop placing new orders. Positions and the orders' filled quantities are updated in
+  the same transaction, from the newly inserted fills only (no double counting).
+* ``rebuild`` after a restart recomputes positions and open orders from the fills themselves
+  and repairs the ``positions`` table if it disagrees.
+
+Every method runs its own transaction and is safe from any thread; calls block, so asyncio
+code uses a worker thread (a single dedicated writer thread keeps fills in order). Writes are
+retried on transient failures until ``StorageConfig.retry_deadline_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import cast
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from storage._sql import finite, insert_ignoring_conflicts, nonempty
+from storage.engine import Database
+from storage.errors import FillsNotPersisted, InvalidRecord, NotFound, StorageError
+from storage.models import Fill, Order, Position
+from storage.records import (
+    OPEN_ORDER_STATUSES,
+    FillRecord,
+    FillsResult,
+    LedgerState,
+    NewFill,
+    NewOrder,
+    OrderRecord,
+    OrderStatus,
+    PositionState,
+    Side,
+)
+
+__all__ = ["Ledger", "apply_fill"]
+
+log = logging.getLogger(__name__)
+
+PRICE_SCALE = 1e-9
+"""Fixed-point price units (DBN) to price units."""
+_UNDEF_PRICE = 2**63 - 1  # DBN's "no price" sentinel
+_TERMINAL: frozenset[str] = frozenset({"filled", "cancelled", "rejected"})
+_ID_MAX = 64
+
+
+def apply_fill(
+    position: PositionState, *, side: Side, qty: int, price: int, fee: float, ledger_id: int
+) -> PositionState:
+    """The position after one fill (average-cost accounting; the one implementation).
+
+    ``price`` is 1e-9 fixed point. Adding to a position moves the average price; reducing it
+    realises ``closed x (price - avg)`` in the position's direction; crossing zero opens the
+    remainder at ``price``.
+    """
+    signed = qty if side == "buy" else -qty
+    px = price * PRICE_SCALE
+    held = position.qty
+    avg = position.avg_price
+    realized = position.realized_points
+    new_qty = held + signed
+    if held == 0 or (held > 0) == (signed > 0):
+        avg = (avg * abs(held) + px * qty) / abs(new_qty)
+    else:
+        closed = min(qty, abs(held))
+        realized += closed * (px - avg) * (1 if held > 0 else -1)
+        if new_qty == 0:
+            avg = 0.0
+        elif (new_qty > 0) != (held > 0):
+            avg = px
+    return PositionState(
+        account=position.account,
+        instrument_id=position.instrument_id,
+        qty=new_qty,
+        avg_price=avg,
+        realized_points=realized,
+        fees=position.fees + fee,
+        last_fill_id=ledger_id,
+    )
+
+
+def _order_record(row: Order) -> OrderRecord:
+    return OrderRecord(
+        client_order_id=row.client_order_id,
+        instrument_id=row.instrument_id,
+        side=cast(Side, row.side),
+        qty=row.qty,
+        filled_qty=row.filled_qty,
+        order_type="limit" if row.order_type == "limit" else "market",
+        limit_price=row.limit_price,
+        status=cast(OrderStatus, row.status),
+        account=row.account,
+        session_id=row.session_id,
+        ts_created_ns=row.ts_created_ns,
+        ts_updated_ns=row.ts_updated_ns,
+        reason=row.reason,
+    )
+
+
+def _position_state(row: Position) -> PositionState:
+    return PositionState(
+        account=row.account,
+        instrument_id=row.instrument_id,
+        qty=row.qty,
+        avg_price=row.avg_price,
+        realized_points=row.realized_points,
+        fees=row.fees,
+        last_fill_id=row.last_fill_id,
+    )
+
+
+def _store_position(row: Position, state: PositionState) -> None:
+    row.qty, row.avg_price, row.fees = state.qty, state.avg_price, state.fees
+    row.realized_points, row.last_fill_id = state.realized_points, state.last_fill_id
+
+
+def _fill_record(row: Fill) -> FillRecord:
+    return FillRecord(
+        id=row.id,
+        fill_id=row.fill_id,
+        client_order_id=row.client_order_id,
+        account=row.account,
+        instrument_id=row.instrument_id,
+        side=cast(Side, row.side),
+        qty=row.qty,
+        price=row.price,
+        fee=row.fee,
+        ts_ns=row.ts_event_ns,
+    )
+
+
+def _check_order(order: NewOrder) -> None:
+    nonempty(order.client_order_id, "client_order_id", _ID_MAX)
+    nonempty(order.account, "account", 64)
+    if order.side not in ("buy", "sell"):
+        raise InvalidRecord(f"order {order.client_order_id}: side must be buy or sell, got {order.side!r}")
+    if order.qty <= 0:
+        raise InvalidRecord(f"order {order.client_order_id}: qty must be > 0, got {order.qty}")
+    if order.order_type == "limit" and (order.limit_price is None or order.limit_price == _UNDEF_PRICE):
+        raise InvalidRecord(f"order {order.client_order_id}: a limit order needs a limit_price")
+    if order.order_type == "market" and order.limit_price is not None:
+        raise InvalidRecord(f"order {order.client_order_id}: a market order has no limit_price")
+
+
+def _check_fill(fill: NewFill) -> None:
+    nonempty(fill.fill_id, "fill_id", _ID_MAX)
+    if fill.qty <= 0:
+        raise InvalidRecord(f"fill {fill.fill_id}: qty must be > 0, got {fill.qty}")
+    if fill.price == _UNDEF_PRICE or abs(fill.price) >= _UNDEF_PRICE:
+        raise InvalidRecord(f"fill {fill.fill_id}: undefined price")
+    finite(fill.fee, f"fill {fill.fill_id} fee")
+
+
+def _same_order(row: Order, order: NewOrder) -> bool:
+    return (row.instrument_id, row.side, row.qty, row.order_type, row.limit_price, row.account) == (
+        order.instrument_id,
+        order.side,
+        order.qty,
+        order.order_type,
+        order.limit_price,
+        order.account,
+    )
+
+
+def _same_fill(row: Fill, fill: NewFill) -> bool:
+    return (row.client_order_id, row.qty, row.price, row.fee, row.ts_event_ns) == (
+        fill.client_order_id,
+        fill.qty,
+        fill.price,
+        fill.fee,
+        fill.ts_ns,
+    )
+
+
+class Ledger:
+    """Orders, fills and positions of every account in one database."""
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    # orders ---------------------------------------------------------------------------------
+
+    def record_orders(self, orders: Sequence[NewOrder]) -> tuple[str, ...]:
+        """Record orders idempotently (one transaction); return the ids newly stored.
+
+        An order whose ``client_order_id`` exists with different content is refused
+        (``InvalidRecord``; nothing stored). Unknown instrument or session: ``InvalidRecord``.
+        """
+        for order in orders:
+            _check_order(order)
+
+        def work(session: Session) -> tuple[str, ...]:
+            rows = [
+                {
+                    "client_order_id": o.client_order_id,
+                    "session_id": o.session_id,
+                    "account": o.account,
+                    "instrument_id": o.instrument_id,
+                    "side": o.side,
+                    "qty": o.qty,
+                    "order_type": o.order_type,
+                    "limit_price": o.limit_price,
+                    "status": "new",
+                    "filled_qty": 0,
+                    "ts_created_ns": o.ts_ns,
+                    "ts_updated_ns": o.ts_ns,
+                }
+                for o in orders
+            ]
+            new = {
+                r[0]
+                for r in insert_ignoring_conflicts(
+                    session, Order, rows, ["client_order_id"], ["client_order_id"]
+                )
+            }
+            seen = [o for o in orders if o.client_order_id not in new]
+            if seen:
+                stored = {
+                    r.client_order_id: r
+                    for r in session.scalars(
+                        select(Order).where(Order.client_order_id.in_([o.client_order_id for o in seen]))
+                    )
+                }
+                for order in seen:
+                    row = stored.get(order.client_order_id)
+                    if row is None or not _same_order(row, order):
+                        raise InvalidRecord(
+                            f"client_order_id {order.client_order_id} is already used by a different order"
+                        )
+            return tuple(o.client_order_id for o in orders if o.client_order_id in new)
+
+        return self._db.write(work, what="record orders")
+
+    def record_order(self, order: NewOrder) -> OrderRecord:
+        """Record one order idempotently and return it as stored."""
+        self.record_orders([order])
+        return self.order(order.client_order_id)
+
+    def order(self, client_order_id: str) -> OrderRecord:
+        """One order by its client order id (``NotFound`` if unknown)."""
+
+        def work(session: Session) -> OrderRecord:
+            row = session.scalar(select(Order).where(Order.client_order_id == client_order_id))
+            if row is None:
+                raise NotFound(f"no order {client_order_id}")
+            return _order_record(row)
+
+        return self._db.read(work, what="read order")
+
+    def update_order(
+        self, client_order_id: str, status: OrderStatus, *, ts_ns: int, reason: str | None = None
+    ) -> OrderRecord:
+        """Record an acknowledgement, cancel or reject of an order; return it as stored.
+
+        ``filled``/``partially_filled`` are set by ``record_fills`` only. An order already in a
+        terminal state (filled, cancelled, rejected) keeps it: a cancel acknowledgement that
+        crosses a fill is normal and is not an error.
+        """
+        if status not in ("acked", "cancelled", "rejected"):
+            raise InvalidRecord(
+                f"order {client_order_id}: status {status!r} is set by fills, not by update_order"
+            )
+
+        def work(session: Session) -> OrderRecord:
+            row = session.scalar(
+                select(Order).where(Order.client_order_id == client_order_id).with_for_update()
+            )
+            if row is None:
+                raise InvalidRecord(f"no order {client_order_id} to update")
+            if row.status not in _TERMINAL and not (status == "acked" and row.status == "partially_filled"):
+                row.status = status
+                row.reason = reason
+                row.ts_updated_ns = max(row.ts_updated_ns, ts_ns)
+            return _order_record(row)
+
+        return self._db.write(work, what="update order")
+
+    def open_orders(self, account: str = "default") -> list[OrderRecord]:
+        """Orders of ``account`` still working (new, acked, partially filled), oldest first."""
+
+        def work(session: Session) -> list[OrderRecord]:
+            rows = session.scalars(
+                select(Order)
+                .where(Order.account == account, Order.status.in_(OPEN_ORDER_STATUSES))
+                .order_by(Order.id)
+            )
+            return [_order_record(r) for r in rows]
+
+        return self._db.read(work, what="read open orders")
+
+    # fills ----------------------------------------------------------------------------------
+
+    def record_fills(self, fills: Sequence[NewFill]) -> FillsResult:
+        """Store fills once each and update orders and positions, in one transaction.
+
+        Returns which fill ids were new and which were already stored. Raises
+        ``FillsNotPersisted`` when the database stayed unavailable past the retry deadline
+        (nothing of this call is acknowledged; re-submit later) and ``InvalidRecord`` for bad
+        input (unknown order, over-fill, NaN fee, a fill id reused with other content; nothing
+        stored).
+        """
+        for fill in fills:
+            _check_fill(fill)
+        unique: dict[str, NewFill] = {}
+        for fill in fills:
+            first = unique.setdefault(fill.fill_id, fill)
+            if first != fill:
+                raise InvalidRecord(f"fill {fill.fill_id} appears twice in the batch with different content")
+        batch = list(unique.values())
+        ids = tuple(unique)
+
+        def give_up(message: str, attempts: int) -> StorageError:
+            return FillsNotPersisted(
+                f"{len(ids)} fill(s) not persisted: {message}", fill_ids=ids, attempts=attempts
+            )
+
+        return self._db.write(lambda s: self._record_fills(s, batch), what="record fills", give_up=give_up)
+
+    def _record_fills(self, session: Session, batch: list[NewFill]) -> FillsResult:
+        if not batch:
+            return FillsResult(inserted=(), duplicates=())
+        order_ids = sorted({f.client_order_id for f in batch})
+        orders = {
+            o.client_order_id: o
+            for o in session.scalars(
+                select(Order).where(Order.client_order_id.in_(order_ids)).order_by(Order.id).with_for_update()
+            )
+        }
+        missing = [i for i in order_ids if i not in orders]
+        if missing:
+            raise InvalidRecord(f"fills refer to unknown orders: {', '.join(missing[:5])}")
+        rows = []
+        for f in batch:
+            order = orders[f.client_order_id]
+            rows.append(
+                {
+                    "fill_id": f.fill_id,
+                    "client_order_id": f.client_order_id,
+                    "account": order.account,
+                    "instrument_id": order.instrument_id,
+                    "side": order.side,
+                    "qty": f.qty,
+                    "price": f.price,
+                    "fee": f.fee,
+                    "ts_event_ns": f.ts_ns,
+                }
+            )
+        ledger_ids = {
+            r[0]: r[1] for r in insert_ignoring_conflicts(session, Fill, rows, ["fill_id"], ["fill_id", "id"])
+        }
+        duplicates = [f for f in batch if f.fill_id not in ledger_ids]
+        if duplicates:
+            stored = {
+                r.fill_id: r
+                for r in session.scalars(
+                    select(Fill).where(Fill.fill_id.in_([f.fill_id for f in duplicates]))
+                )
+            }
+            for fill in duplicates:
+                if not _same_fill(stored[fill.fill_id], fill):
+                    raise InvalidRecord(f"fill_id {fill.fill_id} was already recorded with different content")
+        new = sorted((f for f in batch if f.fill_id in ledger_ids), key=lambda f: ledger_ids[f.fill_id])
+        for fill in new:
+            order = orders[fill.client_order_id]
+            order.filled_qty += fill.qty
+            if order.filled_qty > order.qty:
+                raise InvalidRecord(
+                    f"fill {fill.fill_id} over-fills order {order.client_order_id} "
+                    f"({order.filled_qty} > {order.qty})"
+                )
+            if order.status not in ("cancelled", "rejected"):
+                order.status = "filled" if order.filled_qty == order.qty else "partially_filled"
+            order.ts_updated_ns = max(order.ts_updated_ns, fill.ts_ns)
+        self._apply_to_positions(
+            session, [(orders[f.client_order_id], f, ledger_ids[f.fill_id]) for f in new]
+        )
+        return FillsResult(
+            inserted=tuple(f.fill_id for f in new), duplicates=tuple(f.fill_id for f in duplicates)
+        )
+
+    @staticmethod
+    def _apply_to_positions(session: Session, applied: list[tuple[Order, NewFill, int]]) -> None:
+        keys = sorted({(o.account, o.instrument_id) for o, _, _ in applied})
+        if not keys:
+            return
+        insert_ignoring_conflicts(
+            session,
+            Position,
+            [
+                {
+                    "account": a,
+                    "instrument_id": i,
+                    "qty": 0,
+                    "avg_price": 0.0,
+                    "realized_points": 0.0,
+                    "fees": 0.0,
+                    "last_fill_id": 0,
+                }
+                for a, i in keys
+            ],
+            ["account", "instrument_id"],
+        )
+        for account, instrument_id in keys:
+            row = session.get(
+                Position, (account, instrument_id), with_for_update=True, populate_existing=True
+            )
+            if row is None:
+                raise StorageError(f"position row {account}/{instrument_id} vanished inside its transaction")
+            state = _position_state(row)
+            for order, fill, ledger_id in applied:
+                if (order.account, order.instrument_id) == (account, instrument_id):
+                    state = apply_fill(
+                        state,
+                        side=cast(Side, order.side),
+                        qty=fill.qty,
+                        price=fill.price,
+                        fee=fill.fee,
+                        ledger_id=ledger_id,
+                    )
+            _store_position(row, state)
+
+    def fills(
+        self, *, account: str | None = None, after_id: int = 0, limit: int = 10_000
+    ) -> list[FillRecord]:
+        """Fills with ledger ``id > after_id`` in recording order (paginate with the last id)."""
+
+        def work(session: Session) -> list[FillRecord]:
+            query = select(Fill).where(Fill.id > after_id).order_by(Fill.id).limit(limit)
+            if account is not None:
+                query = query.where(Fill.account == account)
+            return [_fill_record(r) for r in session.scalars(query)]
+
+        return self._db.read(work, what="read fills")
+
+    def count_fills(self, account: str | None = None) -> int:
+        """How many fills are stored (for one account or all)."""
+
+        def work(session: Session) -> int:
+            query = select(func.count()).select_from(Fill)
+            if account is not None:
+                query = query.where(Fill.account == account)
+            return int(session.scalar(query) or 0)
+
+        return self._db.read(work, what="count fills")
+
+    # positions ------------------------------------------------------------------------------
+
+    def positions(self, account: str = "default") -> dict[int, PositionState]:
+        """Current positions of ``account`` by instrument id (as maintained with the fills)."""
+
+        def work(session: Session) -> dict[int, PositionState]:
+            rows = session.scalars(select(Position).where(Position.account == account))
+            return {r.instrument_id: _position_state(r) for r in rows}
+
+        return self._db.read(work, what="read positions")
+
+    def rebuild(self, account: str = "default") -> LedgerState:
+        """Recompute positions and open orders of ``account`` from its fills (restart recovery).
+
+        Orders' filled quantities and the ``positions`` table are repaired where they disagree
+        with the fills (each repair is logged); the returned state is what the daemon starts
+        from. One write transaction, so concurrent fills are either all counted or not at all.
+        """
+        return self._db.write(lambda s: self._rebuild(s, account), what="rebuild ledger state")
+
+    def _rebuild(self, session: Session, account: str) -> LedgerState:
+        states: dict[int, PositionState] = {}
+        filled: dict[str, int] = {}
+        query = (
+            select(Fill).where(Fill.account == account).order_by(Fill.id).execution_options(yield_per=5000)
+        )
+        for fill in session.scalars(query):
+            state = states.get(fill.instrument_id) or PositionState(
+                account=account, instrument_id=fill.instrument_id
+            )
+            states[fill.instrument_id] = apply_fill(
+                state,
+                side=cast(Side, fill.side),
+                qty=fill.qty,
+                price=fill.price,
+                fee=fill.fee,
+                ledger_id=fill.id,
+            )
+            filled[fill.client_order_id] = filled.get(fill.client_order_id, 0) + fill.qty
+        for order in session.scalars(select(Order).where(Order.account == account).with_for_update()):
+            qty = filled.get(order.client_order_id, 0)
+            if qty != order.filled_qty:
+                log.warning(
+                    "order %s: filled_qty %d disagreed with its fills (%d); repaired",
+                    order.client_order_id,
+                    order.filled_qty,
+                    qty,
+                )
+                order.filled_qty = qty
+                if order.status not in ("cancelled", "rejected") and qty > 0:
+                    order.status = "filled" if qty >= order.qty else "partially_filled"
+        stored = {
+            r.instrument_id: r
+            for r in session.scalars(select(Position).where(Position.account == account).with_for_update())
+        }
+        for instrument_id, state in states.items():
+            row = stored.get(instrument_id)
+            if row is None:
+                session.add(Position(**{f: getattr(state, f) for f in PositionState.__struct_fields__}))
+                continue
+            if _position_state(row) != state:
+                log.warning("position %s/%d disagreed with the fills; repaired", account, instrument_id)
+                _store_position(row, state)
+        for instrument_id in set(stored) - set(states):
+            log.warning("position %s/%d has no fills behind it; removed", account, instrument_id)
+            session.delete(stored[instrument_id])
+        session.flush()
+        open_orders = session.scalars(
+            select(Order)
+            .where(Order.account == account, Order.status.in_(OPEN_ORDER_STATUSES))
+            .order_by(Order.id)
+        )
+        return LedgerState(
+            account=account,
+            positions=states,
+            open_orders=tuple(_order_record(o) for o in open_orders),
+        )

@@ -1,0 +1,1 @@
+"""Alembic migrations of the tradeagent schema (``script_location = storage:migrations``)."""
