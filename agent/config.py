@@ -23,8 +23,12 @@ from typing import Any, Literal
 
 import msgspec
 
+from agent.control.config import ControlConfig
+from agent.daemon.config import DaemonConfig, RiskConfig, ScheduleConfig
 from agent.errors import AgentError
+from agent.execution.config import BrokerConfig
 from agent.model.config import ModelConfig
+from agent.policy.config import PolicyConfig
 from agent.policy.regime import RegimeConfig
 from feeds.config import FeedsConfig
 from storage.config import StorageConfig
@@ -59,6 +63,12 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     regime: RegimeConfig = msgspec.field(default_factory=RegimeConfig)
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
+    risk: RiskConfig = msgspec.field(default_factory=RiskConfig)
+    broker: BrokerConfig = msgspec.field(default_factory=BrokerConfig)
+    control: ControlConfig = msgspec.field(default_factory=ControlConfig)
+    schedule: ScheduleConfig = msgspec.field(default_factory=ScheduleConfig)
 
 
 _PATH_RE = re.compile(r"at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")

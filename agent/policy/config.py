@@ -1,0 +1,51 @@
+"""Typed settings of the trading policy (Thompson action choice and Kelly sizing).
+
+Composed into :class:`agent.config.Config` as ``policy``; every key and its default is written
+out in ``config/defaults.toml``. Invalid values are rejected when the configuration is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+__all__ = ["PolicyConfig"]
+
+
+class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How an action distribution becomes a target position (DESIGN section 7).
+
+    Units: ``capital_per_contract`` and ``cost_per_contract`` are in the account currency; a
+    return bin of ``t`` ticks is the simple return ``t * tick_value / capital_per_contract``.
+    """
+
+    seed: int = 0
+    """Philox key of the Thompson draws: with the instrument slot and its decision index it
+    makes every action reproducible in replay (0 <= seed < 2**64)."""
+    kelly_fraction: float = 0.25
+    """Fraction c of the exact Kelly bet f* (0.25..0.5): size = clip(c * f*, 0, 1)."""
+    capital_per_contract: float = 25_000.0
+    """Capital allotted to one contract (currency); Kelly fractions are of this capital."""
+    max_contracts: int = 1
+    """Position at full size and full regime scale (contracts)."""
+    cost_per_contract: float = 5.0
+    """Round-trip cost of one contract (fees plus expected slippage, currency). A trade needs
+    an expected return above it, else the policy stays flat."""
+    scale_floor: float = 0.1
+    """Lower bound of the regime scale in (0, 1]; a scale below it (or not finite) is raised
+    to it."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.seed < 2**64:
+            raise ValueError("seed must be in [0, 2**64)")
+        if not 0.25 <= self.kelly_fraction <= 0.5:
+            raise ValueError("kelly_fraction must be in [0.25, 0.5]")
+        if not (math.isfinite(self.capital_per_contract) and self.capital_per_contract > 0):
+            raise ValueError("capital_per_contract must be a positive number")
+        if self.max_contracts < 0:
+            raise ValueError("max_contracts must be >= 0")
+        if not (math.isfinite(self.cost_per_contract) and self.cost_per_contract >= 0):
+            raise ValueError("cost_per_contract must be a number >= 0")
+        if not 0 < self.scale_floor <= 1:
+            raise ValueError("scale_floor must be in (0, 1]")
