@@ -1,0 +1,432 @@
+"""The vectorised trading environment: recorded bars replayed for many windows in lockstep.
+
+Data (:class:`EnvData`) lives on the device (NumPy or CuPy arrays): the instruments' bars of one
+range (a fold's train or test span) concatenated, with their normalised market features.
+:class:`VecEnv` steps ``E`` environments at once; each holds a unit position in {-1, 0, +1}.
+
+Step at decision bar ``t`` with action ``a`` (index into short, flat, long; target ``a - 1``):
+
+* the position moves to the target, paying ``|delta| * (half_spread_t + fee_ticks)`` ticks
+  (:func:`agent.execution.fills.step_pnl_ticks`, the paper broker's maths for a unit order at the
+  top of the book);
+* it is held to the next bar: ``gross = pos * (mark_{t+1} - mark_t)`` ticks;
+* ``reward = (gross - cost) * reward_scale`` in normalised units.
+
+``mark`` is the mid in ticks carried forward over non-tradable bars (health mask of
+:mod:`feeds.features`). On a non-tradable bar the position cannot change (no trade, no cost),
+and because the mark is frozen the bar's reward is zero: a move that happened while the book
+was unhealthy is credited at the next tradable bar, from the last trusted mid, so P&L is
+conserved and never read from a bad book. At the last decision bar of a session (see
+``TrainConfig.session_gap_s``) the position is closed: episodes end flat, ``done`` is a true
+terminal.
+
+Observation: ``[E, K, F + 2]`` float32, the K-bar window of normalised market features ending at
+``t`` plus, per bar, the 2 agent features the agent had at that bar: its position and its
+unrealised P&L in normalised units (``pos * (mark - entry_mark) * reward_scale``, clipped to
++/-5). The daemon must build the same two columns (:func:`agent_features`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from agent.execution.fills import step_pnl_ticks
+from agent.model.arrays import Array, to_numpy
+from agent.train.errors import TrainError
+from feeds.config import InstrumentSpec
+from feeds.features import FEATURE_NAMES, BarFrame
+
+__all__ = [
+    "AGENT_FEATURES",
+    "EnvData",
+    "FeatureNorm",
+    "InstrumentBars",
+    "Rollout",
+    "StepResult",
+    "VecEnv",
+    "agent_features",
+    "build_env_data",
+    "fit_norm",
+    "rollout",
+]
+
+AGENT_FEATURES: tuple[str, ...] = ("agent_position", "agent_unrealised")
+UPNL_CLIP = 5.0
+
+
+def agent_features(xp: ModuleType, position: Array, unrealised_ticks: Array, reward_scale: float) -> Array:
+    """The 2 agent feature columns ``[..., 2]`` (float32): position in contracts (unit) and the
+    unrealised P&L in normalised units, clipped to +/-``UPNL_CLIP``."""
+    upnl = xp.clip(unrealised_ticks * reward_scale, -UPNL_CLIP, UPNL_CLIP)
+    return xp.stack([xp.asarray(position, dtype=np.float32), upnl.astype(np.float32)], axis=-1)
+
+
+@dataclass(frozen=True)
+class InstrumentBars:
+    """One instrument's bars on the host, as the environment reads them."""
+
+    symbol: str
+    ts_ns: np.ndarray[Any, Any]
+    """(T,) int64 bar close times, ns UTC, increasing."""
+    features: np.ndarray[Any, Any]
+    """(T, F) float32 market features (:data:`feeds.features.FEATURE_NAMES`)."""
+    mid_ticks: np.ndarray[Any, Any]
+    """(T,) float64 mid at the close, in ticks."""
+    spread_ticks: np.ndarray[Any, Any]
+    """(T,) float64 spread at the close, in ticks."""
+    tradable: np.ndarray[Any, Any]
+    """(T,) bool health mask."""
+    tick_value: float
+    """Currency per tick per contract."""
+    fee_ticks: float
+    """Fee per contract in ticks (``fee_per_contract / tick_value``)."""
+
+    @classmethod
+    def from_frame(cls, frame: BarFrame, spec: InstrumentSpec, fee_per_contract: float) -> InstrumentBars:
+        """Adapt a :class:`feeds.features.BarFrame`; bars with non-finite values are marked not
+        tradable (their features zeroed) rather than passed on as valid."""
+        feats = np.asarray(frame.features, dtype=np.float32)
+        finite = np.isfinite(feats).all(axis=1) & np.isfinite(frame.mid_ticks)
+        finite &= np.isfinite(frame.spread_ticks)
+        ok = finite & (frame.spread_ticks > 0)
+        return cls(
+            symbol=frame.symbol,
+            ts_ns=np.asarray(frame.ts_close, dtype=np.int64),
+            features=np.where(finite[:, None], feats, 0.0).astype(np.float32),
+            mid_ticks=np.where(finite, frame.mid_ticks, np.nan),
+            spread_ticks=np.where(ok, frame.spread_ticks, np.nan),
+            tradable=np.asarray(frame.tradable, dtype=bool) & ok,
+            tick_value=spec.tick_value,
+            fee_ticks=fee_per_contract / spec.tick_value,
+        )
+
+    def __len__(self) -> int:
+        return int(self.ts_ns.shape[0])
+
+
+class FeatureNorm(NamedTuple):
+    """Normalisation of the model input: ``(x - mean) / std`` over all ``F + 2`` columns (the
+    agent columns have mean 0 and std 1). Fitted on a fold's training bars only."""
+
+    mean: np.ndarray[Any, Any]
+    std: np.ndarray[Any, Any]
+
+
+def fit_norm(parts: Sequence[tuple[InstrumentBars, int, int]]) -> FeatureNorm:
+    """Mean and standard deviation of the market features over the tradable bars of ``parts``
+    (``(bars, start, end)`` ranges); a constant feature gets std 1."""
+    rows = [b.features[s:e][b.tradable[s:e]] for b, s, e in parts]
+    data = np.concatenate(rows).astype(np.float64) if rows else np.zeros((0, len(FEATURE_NAMES)))
+    if data.shape[0] < 2:
+        raise TrainError("the training window has fewer than 2 tradable bars: cannot fit normalisation")
+    mean = data.mean(axis=0)
+    std = data.std(axis=0)
+    std = np.where(std > 1e-8 * np.maximum(1.0, np.abs(mean)), std, 1.0)
+    n_agent = len(AGENT_FEATURES)
+    return FeatureNorm(
+        np.concatenate([mean, np.zeros(n_agent)]).astype(np.float32),
+        np.concatenate([std, np.ones(n_agent)]).astype(np.float32),
+    )
+
+
+@dataclass(frozen=True)
+class EnvData:
+    """A range of bars of one or more instruments, concatenated, on the device (``[N]`` arrays
+    unless stated). Decision bars are those with a full K-bar window and a next bar inside their
+    session (:attr:`starts`)."""
+
+    xp: ModuleType
+    feat: Array
+    """(N, F) float32 normalised market features."""
+    mark: Array
+    """float64 mid in ticks, carried forward over non-tradable bars."""
+    half_spread: Array
+    """float64 half-spread in ticks (carried forward like ``mark``)."""
+    tradable: Array
+    last_decision: Array
+    """bool: the last decision bar of its session (the position is closed there)."""
+    session_end: Array
+    """int64: exclusive end index of the bar's session."""
+    fee_ticks: Array
+    tick_value: Array
+    label_ticks: Array
+    """float64 realised ``horizon``-bar mark change in ticks; NaN when the horizon leaves the session."""
+    starts: Array
+    """int64 sorted indices of the decision bars."""
+    ts_ns: np.ndarray[Any, Any]
+    """(N,) int64 close times (host)."""
+    instrument: np.ndarray[Any, Any]
+    """(N,) int32 index into ``symbols`` (host)."""
+    symbols: tuple[str, ...]
+    window: int
+
+    @property
+    def n_market(self) -> int:
+        return int(self.feat.shape[1])
+
+    def windows(self, t: Array, agent: Array) -> Array:
+        """Model input ``[B, K, F + 2]`` float32 for decision bars ``t`` ``[B]`` with agent feature
+        history ``agent`` ``[B, K, 2]``."""
+        xp = self.xp
+        idx = t[:, None] + xp.arange(1 - self.window, 1)[None, :]
+        return xp.concatenate([self.feat[idx], agent], axis=2)
+
+
+def _forward_fill(values: np.ndarray[Any, Any], ok: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Carry the last ``ok`` value forward; values before the first ``ok`` take the first one."""
+    idx = np.where(ok, np.arange(values.shape[0]), -1)
+    np.maximum.accumulate(idx, out=idx)
+    first = int(np.argmax(ok))
+    idx = np.where(idx < 0, first, idx)
+    return values[idx]
+
+
+def build_env_data(
+    parts: Sequence[tuple[InstrumentBars, int, int]],
+    norm: FeatureNorm,
+    *,
+    window: int,
+    horizon: int,
+    session_gap_s: float,
+    xp: ModuleType,
+) -> EnvData:
+    """Concatenate the bar ranges ``(bars, start, end)`` into device arrays.
+
+    Sessions split at range boundaries and wherever consecutive closes are more than
+    ``session_gap_s`` apart; a session with no tradable bar is dropped. ``horizon`` is the
+    return head's label horizon in bars.
+    """
+    n_market = norm.mean.shape[0] - len(AGENT_FEATURES)
+    cols: dict[str, list[np.ndarray[Any, Any]]] = {
+        k: [] for k in ("feat", "mark", "half", "trad", "last", "send", "fee", "tv", "label", "ts", "inst")
+    }
+    starts: list[np.ndarray[Any, Any]] = []
+    symbols = tuple(dict.fromkeys(b.symbol for b, _, _ in parts))
+    offset = 0
+    gap_ns = int(session_gap_s * 1e9)
+    for bars, start, end in parts:
+        if bars.features.shape[1] != n_market:
+            raise TrainError(
+                f"{bars.symbol}: {bars.features.shape[1]} features, the normalisation has {n_market}"
+            )
+        ts = bars.ts_ns[start:end]
+        cuts = np.flatnonzero(np.diff(ts) > gap_ns) + 1
+        for s_lo, s_hi in zip(np.r_[0, cuts], np.r_[cuts, ts.shape[0]], strict=True):
+            lo, hi = start + int(s_lo), start + int(s_hi)
+            trad = bars.tradable[lo:hi]
+            n = hi - lo
+            if n < window + 1 or not trad.any():
+                continue
+            mark = _forward_fill(bars.mid_ticks[lo:hi], trad)
+            half = _forward_fill(bars.spread_ticks[lo:hi], trad) / 2.0
+            label = np.full(n, np.nan)
+            label[: n - horizon] = mark[horizon:] - mark[: n - horizon]
+            last = np.zeros(n, dtype=bool)
+            last[n - 2] = True
+            feats = (bars.features[lo:hi] - norm.mean[:n_market]) / norm.std[:n_market]
+            cols["feat"].append(feats.astype(np.float32))
+            cols["mark"].append(mark)
+            cols["half"].append(half)
+            cols["trad"].append(trad)
+            cols["last"].append(last)
+            cols["send"].append(np.full(n, offset + n, dtype=np.int64))
+            cols["fee"].append(np.full(n, bars.fee_ticks))
+            cols["tv"].append(np.full(n, bars.tick_value))
+            cols["label"].append(label)
+            cols["ts"].append(bars.ts_ns[lo:hi])
+            cols["inst"].append(np.full(n, symbols.index(bars.symbol), dtype=np.int32))
+            starts.append(np.arange(offset + window - 1, offset + n - 1, dtype=np.int64))
+            offset += n
+    if not starts:
+        raise TrainError(f"no session in this range holds {window + 1} bars with a tradable one")
+    host = {k: np.concatenate(v) for k, v in cols.items()}
+    return EnvData(
+        xp=xp,
+        feat=xp.asarray(host["feat"]),
+        mark=xp.asarray(host["mark"]),
+        half_spread=xp.asarray(host["half"]),
+        tradable=xp.asarray(host["trad"]),
+        last_decision=xp.asarray(host["last"]),
+        session_end=xp.asarray(host["send"]),
+        fee_ticks=xp.asarray(host["fee"]),
+        tick_value=xp.asarray(host["tv"]),
+        label_ticks=xp.asarray(host["label"]),
+        starts=xp.asarray(np.concatenate(starts)),
+        ts_ns=host["ts"],
+        instrument=host["inst"],
+        symbols=symbols,
+        window=window,
+    )
+
+
+class StepResult(NamedTuple):
+    """What one lockstep step did, per environment (``[E]`` device arrays)."""
+
+    t: Array
+    """Decision bar of the step."""
+    action: Array
+    """Effective action index (``position + 1`` after the step: the agent's choice unless the bar
+    was not tradable or closed the session)."""
+    reward: Array
+    """float32 normalised reward."""
+    gross_ticks: Array
+    cost_ticks: Array
+    traded: Array
+    """Contracts traded (|delta|)."""
+    position: Array
+    """Position held from ``t`` to ``t + 1``."""
+    done: Array
+    """bool: the environment reached the end of its span (a session end or an evaluation chunk end)."""
+
+
+class VecEnv:
+    """``E`` environments over one :class:`EnvData`, stepped in lockstep.
+
+    Training (:meth:`reset_random`): each environment starts flat at a random decision bar and
+    runs to the end of that session. Evaluation (:meth:`reset_at`): explicit spans.
+    """
+
+    def __init__(self, data: EnvData, n_envs: int, *, reward_scale: float, seed: int) -> None:
+        xp = data.xp
+        self.data = data
+        self.n_envs = n_envs
+        self.reward_scale = reward_scale
+        self.rng = np.random.default_rng(seed)
+        self.t = xp.zeros(n_envs, dtype=np.int64)
+        self.end = xp.zeros(n_envs, dtype=np.int64)
+        self.position = xp.zeros(n_envs, dtype=np.float64)
+        self.entry = xp.zeros(n_envs, dtype=np.float64)
+        self.agent = xp.zeros((n_envs, data.window, len(AGENT_FEATURES)), dtype=np.float32)
+        self.active = xp.zeros(n_envs, dtype=bool)
+
+    def reset_at(self, mask: Array, starts: Array, ends: Array) -> None:
+        """Start the environments in ``mask`` flat at decision bars ``starts`` running while
+        ``t < ends`` (both ``[E]``, read where ``mask``)."""
+        xp = self.data.xp
+        self.t = xp.where(mask, starts, self.t)
+        self.end = xp.where(mask, ends, self.end)
+        self.position = xp.where(mask, 0.0, self.position)
+        self.entry = xp.where(mask, 0.0, self.entry)
+        self.agent = xp.where(mask[:, None, None], np.float32(0.0), self.agent)
+        self.active = self.active | mask
+
+    def reset_random(self, mask: Array | None = None) -> None:
+        """Restart the environments in ``mask`` (all when None) at random decision bars."""
+        xp = self.data.xp
+        mask = xp.ones(self.n_envs, dtype=bool) if mask is None else mask
+        pick = self.rng.integers(0, int(self.data.starts.shape[0]), self.n_envs)
+        starts = self.data.starts[xp.asarray(pick)]
+        self.reset_at(mask, starts, self.data.session_end[starts] - 1)
+
+    def observe(self) -> Array:
+        """The model input ``[E, K, F + 2]`` at the current decision bars."""
+        return self.data.windows(self.t, self.agent)
+
+    def step(self, actions: Array) -> StepResult:
+        """Apply action indices ``[E]``; inactive environments do not move."""
+        d, xp, t = self.data, self.data.xp, self.t
+        target = xp.asarray(actions).astype(np.float64) - 1.0
+        target = xp.where(d.tradable[t], target, self.position)
+        target = xp.where(d.last_decision[t], 0.0, target)
+        target = xp.where(self.active, target, self.position)
+        t1 = xp.minimum(t + 1, d.mark.shape[0] - 1)  # inactive environments may sit on the last bar
+        gross, cost = step_pnl_ticks(
+            self.position, target, d.mark[t], d.mark[t1], half_spread_ticks=d.half_spread[t],
+            fee_ticks=d.fee_ticks[t],
+        )  # fmt: skip
+        opened = (target != 0) & (target != self.position)
+        self.entry = xp.where(opened, d.mark[t], self.entry)
+        traded = xp.abs(target - self.position)
+        self.position = target
+        reward = ((gross - cost) * self.reward_scale).astype(np.float32)
+        nxt = xp.where(self.active, t1, t)
+        upnl = self.position * (d.mark[nxt] - self.entry)
+        new_row = agent_features(xp, self.position, upnl, self.reward_scale)
+        self.agent = xp.where(
+            self.active[:, None, None],
+            xp.concatenate([self.agent[:, 1:], new_row[:, None, :]], axis=1),
+            self.agent,
+        )
+        self.t = nxt
+        done = self.active & (nxt >= self.end)
+        result = StepResult(t, target.astype(np.int64) + 1, reward, gross, cost, traded, target, done)
+        self.active = self.active & ~done
+        return result
+
+
+class Rollout(NamedTuple):
+    """Per-decision-bar record of an evaluation (host arrays over the visited bars, time order
+    within each instrument)."""
+
+    bar: np.ndarray[Any, Any]
+    pnl: np.ndarray[Any, Any]
+    """Net P&L in currency."""
+    cost: np.ndarray[Any, Any]
+    """Costs in currency."""
+    traded: np.ndarray[Any, Any]
+    held: np.ndarray[Any, Any]
+    action: np.ndarray[Any, Any]
+    ts_ns: np.ndarray[Any, Any]
+    instrument: np.ndarray[Any, Any]
+
+
+Policy = Callable[[Array, Array], Array]
+"""``policy(obs [E, K, F+2], t [E]) -> action indices [E]``."""
+
+
+def rollout(data: EnvData, policy: Policy, *, n_envs: int, reward_scale: float) -> Rollout:
+    """Run ``policy`` over every decision bar of ``data`` once.
+
+    The decision bars are cut into at most ``n_envs`` contiguous chunks (never across a session)
+    run in lockstep; each chunk starts flat, so a position open at a chunk's end is not carried
+    into the next one (at most one extra entry per chunk compared with one long run).
+    """
+    xp = data.xp
+    starts = to_numpy(data.starts)
+    session_end = to_numpy(data.session_end)[starts]
+    chunk = max(1, -(-starts.shape[0] // n_envs))
+    breaks = np.flatnonzero(np.diff(session_end) != 0) + 1
+    bounds = np.unique(np.concatenate([np.arange(0, starts.shape[0], chunk), breaks, [starts.shape[0]]]))
+    spans = [(int(starts[a]), int(starts[b - 1]) + 1) for a, b in itertools.pairwise(bounds.tolist())]
+    n = data.mark.shape[0]
+    out = {k: xp.zeros(n, dtype=np.float64) for k in ("pnl", "cost", "traded", "held")}
+    act = xp.full(n, -1, dtype=np.int64)
+    for wave in range(0, len(spans), n_envs):
+        batch = spans[wave : wave + n_envs]
+        env = VecEnv(data, n_envs, reward_scale=reward_scale, seed=0)
+        mask = np.zeros(n_envs, dtype=bool)
+        mask[: len(batch)] = True
+        lo = np.zeros(n_envs, dtype=np.int64)
+        hi = np.zeros(n_envs, dtype=np.int64)
+        lo[: len(batch)] = [s for s, _ in batch]
+        hi[: len(batch)] = [e for _, e in batch]
+        env.reset_at(xp.asarray(mask), xp.asarray(lo), xp.asarray(hi))
+        for _ in range(max(e - s for s, e in batch)):
+            active = env.active
+            res = env.step(policy(env.observe(), env.t))
+            tv = data.tick_value[res.t]
+            where = res.t[active]
+            out["pnl"][where] = ((res.gross_ticks - res.cost_ticks) * tv)[active]
+            out["cost"][where] = (res.cost_ticks * tv)[active]
+            out["traded"][where] = res.traded[active]
+            out["held"][where] = xp.abs(res.position)[active]
+            act[where] = res.action[active]
+    host = {k: to_numpy(v) for k, v in out.items()}
+    acts = to_numpy(act)
+    visited = np.flatnonzero(acts >= 0)
+    return Rollout(
+        bar=visited,
+        pnl=host["pnl"][visited],
+        cost=host["cost"][visited],
+        traded=host["traded"][visited],
+        held=host["held"][visited],
+        action=acts[visited],
+        ts_ns=data.ts_ns[visited],
+        instrument=data.instrument[visited],
+    )

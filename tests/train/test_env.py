@@ -1,0 +1,105 @@
+"""The vectorised environment on small hand-built bar arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.train.env import (
+    AGENT_FEATURES,
+    EnvData,
+    InstrumentBars,
+    VecEnv,
+    build_env_data,
+    fit_norm,
+    rollout,
+)
+from agent.train.errors import TrainError
+from feeds.features import FEATURE_NAMES
+
+F = len(FEATURE_NAMES)
+SEC = 1_000_000_000
+
+
+def make_bars(
+    mid: list[float], *, spread: float = 1.0, tradable: list[bool] | None = None, ts: list[int] | None = None
+) -> InstrumentBars:
+    n = len(mid)
+    rng = np.random.default_rng(0)
+    return InstrumentBars(
+        symbol="ES",
+        ts_ns=np.array(ts if ts is not None else [i * SEC for i in range(n)], dtype=np.int64),
+        features=rng.normal(size=(n, F)).astype(np.float32),
+        mid_ticks=np.array(mid, dtype=np.float64),
+        spread_ticks=np.full(n, spread),
+        tradable=np.array(tradable if tradable is not None else [True] * n),
+        tick_value=12.5,
+        fee_ticks=0.1,
+    )
+
+
+def data_of(bars: InstrumentBars, window: int = 2, gap_s: float = 600.0) -> EnvData:
+    norm = fit_norm([(bars, 0, len(bars))])
+    return build_env_data([(bars, 0, len(bars))], norm, window=window, horizon=1, session_gap_s=gap_s, xp=np)
+
+
+def test_rewards_costs_and_agent_features_by_hand() -> None:
+    data = data_of(make_bars([100, 102, 101, 104, 104, 103]))
+    env = VecEnv(data, 1, reward_scale=0.5, seed=0)
+    env.reset_at(np.array([True]), np.array([1]), np.array([5]))
+    obs = env.observe()
+    assert obs.shape == (1, 2, F + len(AGENT_FEATURES)) and not obs[0, :, F:].any()
+    r = env.step(np.array([2]))  # long at bar 1: cost 0.5 + 0.1, gross 101 - 102 = -1
+    assert r.gross_ticks[0] == -1 and r.cost_ticks[0] == pytest.approx(0.6)
+    assert r.reward[0] == pytest.approx(-1.6 * 0.5) and r.position[0] == 1 and not r.done[0]
+    np.testing.assert_allclose(env.observe()[0, -1, F:], [1.0, -0.5])  # upnl -1 tick x 0.5
+    r = env.step(np.array([0]))  # flip to short at bar 2: cost 2 x 0.6, gross -(104 - 101)
+    assert r.gross_ticks[0] == -3 and r.cost_ticks[0] == pytest.approx(1.2) and r.traded[0] == 2
+    r = env.step(np.array([0]))  # hold short at bar 3: gross 0
+    assert r.gross_ticks[0] == 0 and r.cost_ticks[0] == 0
+    r = env.step(np.array([0]))  # bar 4 is the session's last decision bar: closed, done
+    assert r.position[0] == 0 and r.cost_ticks[0] == pytest.approx(0.6) and r.done[0]
+    assert r.action[0] == 1 and not env.active[0]
+
+
+def test_non_tradable_bars_freeze_position_and_credit_the_move_later() -> None:
+    bars = make_bars(
+        [100, 100, 101, 150, 103, 104, 104], tradable=[True, True, True, False, True, True, True]
+    )
+    data = data_of(bars)
+    np.testing.assert_array_equal(data.mark, [100, 100, 101, 101, 103, 104, 104])
+    env = VecEnv(data, 1, reward_scale=1.0, seed=0)
+    env.reset_at(np.array([True]), np.array([1]), np.array([6]))
+    env.step(np.array([2]))  # long at bar 1 (gross +1)
+    r = env.step(np.array([2]))  # bar 2 -> 3: the mark is frozen over the unhealthy bar 3
+    assert r.gross_ticks[0] == 0
+    r = env.step(np.array([0]))  # bar 3 is not tradable: the short order is ignored
+    assert r.position[0] == 1 and r.cost_ticks[0] == 0 and r.gross_ticks[0] == 2  # 101 -> 103
+    assert r.action[0] == 2
+
+
+def test_sessions_split_on_time_gaps_and_label_stays_inside() -> None:
+    ts = [0, 1, 2, 3, 4, 10_000, 10_001, 10_002, 10_003]
+    bars = make_bars([1, 2, 3, 4, 5, 6, 7, 8, 9], ts=[t * SEC for t in ts])
+    data = data_of(bars, window=2)
+    np.testing.assert_array_equal(data.starts, [1, 2, 3, 6, 7])
+    np.testing.assert_array_equal(data.session_end, [5] * 5 + [9] * 4)
+    assert np.isnan(data.label_ticks[4]) and data.label_ticks[3] == 1
+    with pytest.raises(TrainError, match="no session"):
+        data_of(make_bars([1, 2]), window=4)
+
+
+def test_rollout_visits_each_decision_bar_once_and_baselines_add_up() -> None:
+    rng = np.random.default_rng(3)
+    mid = list(1000 + np.cumsum(rng.integers(-1, 2, 300)))
+    data = data_of(make_bars(mid, spread=2.0), window=4)
+    flat = rollout(data, lambda obs, t: np.ones(obs.shape[0], dtype=np.int64), n_envs=7, reward_scale=1.0)
+    np.testing.assert_array_equal(flat.bar, data.starts)
+    assert not flat.pnl.any() and not flat.traded.any()
+    long = rollout(data, lambda obs, t: np.full(obs.shape[0], 2), n_envs=7, reward_scale=1.0)
+    # Each of the 7 chunks opens long (half-spread 1 + fee 0.1 ticks); the session's last decision
+    # bar closes the position, so the move over the final bar is not held.
+    opens = int((long.traded > 0).sum()) - 1
+    move = mid[int(data.starts[-1])] - mid[int(data.starts[0])]
+    assert opens == 7 and long.held[-1] == 0 and long.held[:-1].all()
+    assert long.pnl.sum() == pytest.approx((move - 1.1 * (opens + 1)) * 12.5)
