@@ -6,11 +6,19 @@ process configuration loaded from ``config/*.toml``. ``feeds`` never imports ``a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-__all__ = ["BarConfig", "FeedsConfig", "HealthConfig", "InstrumentSpec", "SourceConfig"]
+__all__ = [
+    "BarConfig",
+    "FeedsConfig",
+    "HealthConfig",
+    "InstrumentSpec",
+    "RecorderConfig",
+    "RelayConfig",
+    "SourceConfig",
+]
 
 
 class InstrumentSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -60,12 +68,55 @@ class SourceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     stream: str = "MBP10"
     """JetStream stream name that records the market-data subjects."""
     symbols: tuple[str, ...] = ()
+    """Symbols to subscribe to (NATS and Databento Live); empty = every symbol of the dataset on
+    NATS (Databento Live needs them)."""
+    nats_mode: Literal["jetstream", "core"] = "jetstream"
+    """NATS consumer: ``jetstream`` (pull consumer on ``stream``, redeliveries skipped by stream
+    sequence, gaps measured) or ``core`` (plain subscription: lowest latency, at-most-once)."""
+    durable: str = ""
+    """JetStream durable consumer name: resume where it stopped; empty = ephemeral, new data only."""
+    queue_batches: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    """Record batches buffered for a slow consumer before new ones are dropped (counted)."""
+    databento_key_file: str = ""
+    """Databento Live: file holding the API key (e.g. a systemd credential); empty = the
+    ``DATABENTO_API_KEY`` environment variable. The key is never logged."""
+    databento_reconnect: bool = True
+    """Databento Live: reconnect automatically (the gap is reported as a health event)."""
+
+
+class RelayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``tradeagent relay``: how a source is published onto NATS JetStream."""
+
+    batch_records: Annotated[int, msgspec.Meta(ge=1, le=2800)] = 512
+    """Records per NATS message at most (368 bytes each; must stay under the server's 1 MiB
+    ``max_payload``). One source batch is never held back to fill a message."""
+    max_in_flight: Annotated[int, msgspec.Meta(ge=1)] = 512
+    """JetStream publishes awaiting their acknowledgement."""
+    stream_max_age_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
+    """How long the JetStream stream keeps messages (created with this if missing)."""
+
+
+class RecorderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``tradeagent record``: the durable JetStream consumer writing daily ``.dbn.zst`` files."""
+
+    out_dir: str = ""
+    """Archive directory; empty = ``<data_dir>/recordings``."""
+    durable: str = "recorder"
+    """Durable consumer name: a restarted recorder resumes after its last acknowledged message."""
+    rotate_hour_utc: Annotated[int, msgspec.Meta(ge=0, le=23)] = 0
+    """Hour (UTC, 0-23) at which a new daily file starts; the file is named by the day it starts."""
+    flush_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    """Written records are flushed to disk (and their messages acknowledged) this often."""
+    fetch_batch: Annotated[int, msgspec.Meta(ge=1)] = 256
+    """NATS messages pulled per fetch."""
 
 
 class FeedsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     bars: BarConfig = msgspec.field(default_factory=BarConfig)
     health: HealthConfig = msgspec.field(default_factory=HealthConfig)
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
+    relay: RelayConfig = msgspec.field(default_factory=RelayConfig)
+    recorder: RecorderConfig = msgspec.field(default_factory=RecorderConfig)
     instruments: tuple[InstrumentSpec, ...] = (
         InstrumentSpec(symbol="ES", instrument_id=1001, tick_size=0.25, tick_value=12.5),
         InstrumentSpec(symbol="NQ", instrument_id=1002, tick_size=0.25, tick_value=5.0),

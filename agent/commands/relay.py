@@ -1,0 +1,124 @@
+"""``tradeagent relay``: publish a source (replay of DBN files or Databento Live) onto NATS.
+
+Records go to ``md.mbp10.<dataset>.<symbol>`` (README "NATS subject layout"); the JetStream
+stream ``feeds.source.stream`` is created if missing. A replay relay ends when the files are
+published; a live relay runs until SIGTERM or SIGINT, then waits for the acknowledgements still
+in flight and exits 0. Progress goes to stderr; with ``--json`` the final counters are printed
+on stdout as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from agent.config import Config, load_config
+from agent.errors import CommandError
+from feeds.relay import Relay, RelayCounters
+from feeds.sources import build_source, config_symbols
+
+__all__ = ["progress_display", "register", "run_until_signalled"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("relay", help="publish a replay or Databento Live source onto NATS")
+    parser.add_argument(
+        "--source",
+        choices=("replay", "databento"),
+        help="source kind (default: feeds.source.kind, which must then be replay or databento)",
+    )
+    parser.add_argument("--path", help="replay: a DBN file or a directory of daily files")
+    parser.add_argument("--pace", type=float, help="replay: 0 = as fast as possible, N = real time x N")
+    parser.add_argument("--nats-url", help="NATS server (default: feeds.source.nats_url)")
+    parser.add_argument("--json", action="store_true", help="print the final counters as one JSON object")
+    parser.set_defaults(func=_run)
+
+
+def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """Run ``main(stop)`` on a new event loop; SIGTERM and SIGINT set ``stop``."""
+
+    async def runner() -> dict[str, Any]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            return await main(stop)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(runner())
+
+
+def progress_display() -> Progress:
+    """A counter-style progress display on stderr (the total is unknown)."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+
+
+def _configure(args: argparse.Namespace) -> Config:
+    config = load_config(args.config)
+    source = config.feeds.source
+    changes: dict[str, Any] = {}
+    if args.source:
+        changes["kind"] = args.source
+    if args.path is not None:
+        changes["path"] = args.path
+    if args.pace is not None:
+        changes["pace"] = args.pace
+    if args.nats_url:
+        changes["nats_url"] = args.nats_url
+    source = msgspec.structs.replace(source, **changes)
+    return msgspec.structs.replace(config, feeds=msgspec.structs.replace(config.feeds, source=source))
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _configure(args)
+    feeds = config.feeds
+    if feeds.source.kind == "nats":
+        raise CommandError("relay publishes to NATS: choose --source replay or --source databento")
+    relay = Relay(
+        build_source(feeds),
+        url=feeds.source.nats_url,
+        stream=feeds.source.stream,
+        dataset=feeds.source.dataset,
+        symbols=config_symbols(feeds),
+        config=feeds.relay,
+    )
+
+    async def main(stop: asyncio.Event) -> dict[str, Any]:
+        with progress_display() as progress:
+            task = progress.add_task(f"relay {relay.source.name}", status="")
+
+            def show(counters: RelayCounters) -> None:
+                progress.update(task, status=f"{counters.records:,} records, {counters.messages:,} messages")
+
+            counters = await relay.run(stop, show)
+        return {**counters.snapshot(), "source": relay.source.counters.snapshot()}
+
+    result = run_until_signalled(main)
+    if args.json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        print(
+            f"relayed {result['records']:,} records in {result['messages']:,} messages "
+            f"({result['unknown_records']:,} without a symbol, {result['retries']:,} retries)",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,269 @@
+"""The source interface: an explicit lifecycle around an async iterator of events.
+
+Every source (replay, NATS, Databento Live) is a :class:`Source`::
+
+    async with NatsSource(config) as source:      # start() ... stop()
+        async for event in source:                # RecordBatch | HealthEvent
+            ...
+
+Lifecycle (STYLE item 6)::
+
+    NEW --start--> STARTING --ok--> RUNNING --stop--> STOPPING --> STOPPED
+                       |                |  (end of data: iteration stops, state stays RUNNING)
+                       +---error---> FAULTED <--error (the iterator re-raises it as FeedError)
+
+``start`` and ``stop`` drive the table; subclasses implement ``_start``, ``_stop`` and
+``_next``. ``stop`` is idempotent and safe from any state. Sources fed from callbacks or other
+threads derive from :class:`QueuedSource`, whose bounded queue drops record batches (counted,
+reported once per episode as a ``DROPPED`` health event) when the consumer falls behind, but
+never drops a health event, and which reports a ``STALE`` event when nothing arrives for
+``stale_after_s``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import enum
+import logging
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import TypeVar
+
+import numpy as np
+
+from feeds.errors import FeedError
+from feeds.sources.events import BatchPart, HealthEvent, HealthKind, RecordBatch, SourceCounters, SourceEvent
+
+__all__ = ["QueuedSource", "Source", "SourceState"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class SourceState(enum.StrEnum):
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAULTED = "faulted"
+
+
+class Source(abc.ABC):
+    """Base of every market-data source: lifecycle, counters and async iteration."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.counters = SourceCounters()
+        self.dataset: str | None = None
+        """Databento dataset of the records, once known (``GLBX.MDP3``)."""
+        self.symbols: dict[int, str] = {}
+        """instrument_id -> symbol, as far as the source knows (file symbology, live mappings)."""
+        self._state = SourceState.NEW
+
+    @property
+    def state(self) -> SourceState:
+        return self._state
+
+    async def start(self) -> None:
+        """Connect / open the source. Raises :class:`FeedError` (state FAULTED) on failure."""
+        if self._state is not SourceState.NEW:
+            raise FeedError(f"{self.name}: cannot start a source in state {self._state}")
+        self._state = SourceState.STARTING
+        try:
+            await self._start()
+        except BaseException as exc:
+            self._state = SourceState.FAULTED
+            await self._stop()
+            if isinstance(exc, FeedError) or not isinstance(exc, Exception):
+                raise
+            raise FeedError(f"{self.name}: cannot start: {exc}") from exc
+        self._state = SourceState.RUNNING
+        log.info("%s: started", self.name)
+
+    async def stop(self) -> None:
+        """Disconnect / close; idempotent. Pending events are discarded."""
+        if self._state in (SourceState.STOPPED, SourceState.STOPPING):
+            return
+        if self._state is SourceState.NEW:
+            self._state = SourceState.STOPPED
+            return
+        self._state = SourceState.STOPPING
+        try:
+            await self._stop()
+        finally:
+            self._state = SourceState.STOPPED
+            log.info("%s: stopped (%s)", self.name, self.counters.snapshot())
+
+    def __aiter__(self) -> Source:
+        return self
+
+    async def __anext__(self) -> SourceEvent:
+        if self._state is not SourceState.RUNNING:
+            raise StopAsyncIteration
+        try:
+            event = await self._next()
+        except FeedError:
+            self._state = SourceState.FAULTED
+            raise
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def next(self) -> SourceEvent | None:
+        """The next event, or ``None`` at the end (the iterator protocol without
+        ``StopAsyncIteration``, convenient inside tasks)."""
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    async def __aenter__(self) -> Source:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    @abc.abstractmethod
+    async def _start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _stop(self) -> None:
+        """Release everything; called after a failed ``_start`` too, so it must tolerate that."""
+
+    @abc.abstractmethod
+    async def _next(self) -> SourceEvent | None:
+        """The next event, or ``None`` at the end of the data."""
+
+
+class _End:
+    """Queue marker: the producer has finished (``error`` set when it failed)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: FeedError | None) -> None:
+        self.error = error
+
+
+class QueuedSource(Source):
+    """A source whose events are produced by callbacks (same loop) or other threads.
+
+    ``max_batches`` bounds the record batches waiting for the consumer; beyond it new batches are
+    dropped and counted. Producers on the event loop call :meth:`_emit_records` /
+    :meth:`_emit_health` / :meth:`_finish`; producers on other threads use the ``*_threadsafe``
+    variants (which hop onto the loop with ``call_soon_threadsafe``).
+    """
+
+    def __init__(self, name: str, *, max_batches: int, stale_after_s: float) -> None:
+        super().__init__(name)
+        if max_batches < 1:
+            raise FeedError(f"{name}: queue size must be >= 1, got {max_batches}")
+        self._max_batches = max_batches
+        self._stale_after_s = stale_after_s
+        self._items: collections.deque[SourceEvent | _End] = collections.deque()
+        self._queued_batches = 0
+        self._wakeup = asyncio.Event()
+        self._room = asyncio.Event()
+        self._dropping = 0
+        self._stale = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().start()
+
+    async def _wait_for_room(self) -> None:
+        """Wait until the queue can take a batch (for producers that can apply back-pressure,
+        like a JetStream pull loop, instead of dropping)."""
+        while self._queued_batches >= self._max_batches:
+            self._room.clear()
+            await self._room.wait()
+
+    def _emit_records(
+        self, records: np.ndarray, transport_seq: int | None = None, part: BatchPart | None = None
+    ) -> bool:
+        """Queue one batch (loop thread only); returns False if it was dropped (queue full)."""
+        n = int(records.shape[0])
+        if n == 0:
+            return True
+        if self._queued_batches >= self._max_batches:
+            self._dropping += n
+            self.counters.dropped_records += n
+            return False
+        now = time.time_ns()
+        if self._dropping:
+            self._push(
+                HealthEvent(
+                    HealthKind.DROPPED, now, "consumer fell behind; records dropped", count=self._dropping
+                )
+            )
+            log.warning("%s: dropped %d records (consumer too slow)", self.name, self._dropping)
+            self._dropping = 0
+        if self._stale:
+            self._stale = False
+        self.counters.batches += 1
+        self.counters.records += n
+        self._queued_batches += 1
+        self._push(RecordBatch(records, now, transport_seq, part))
+        return True
+
+    def _emit_health(self, event: HealthEvent) -> None:
+        """Queue a health event (loop thread only); health events are never dropped."""
+        self._push(event)
+
+    def _finish(self, error: FeedError | None = None) -> None:
+        """The producer is done (loop thread only); iteration ends, or raises ``error``."""
+        self._push(_End(error))
+
+    def _emit_records_threadsafe(self, records: np.ndarray) -> None:
+        self._call_threadsafe(self._emit_records, records)
+
+    def _emit_health_threadsafe(self, event: HealthEvent) -> None:
+        self._call_threadsafe(self._emit_health, event)
+
+    def _finish_threadsafe(self, error: FeedError | None = None) -> None:
+        self._call_threadsafe(self._finish, error)
+
+    def _call_threadsafe(self, fn: Callable[[_T], object], arg: _T) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(fn, arg)
+        except RuntimeError:  # the loop closed between the check and the call
+            return
+
+    def _push(self, item: SourceEvent | _End) -> None:
+        self._items.append(item)
+        self._wakeup.set()
+
+    async def _next(self) -> SourceEvent | None:
+        while not self._items:
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), self._stale_after_s)
+            except TimeoutError:
+                if not self._stale:
+                    self._stale = True
+                    self.counters.stale += 1
+                    log.warning("%s: no data for %.1f s", self.name, self._stale_after_s)
+                    return HealthEvent(
+                        HealthKind.STALE, time.time_ns(), f"no data for {self._stale_after_s:g} s"
+                    )
+        item = self._items.popleft()
+        if isinstance(item, _End):
+            self._items.appendleft(item)  # keep returning the end
+            if item.error is not None:
+                raise item.error
+            return None
+        if isinstance(item, RecordBatch):
+            self._queued_batches -= 1
+            self._room.set()
+        return item

@@ -1,0 +1,341 @@
+"""The NATS market-data source: core subscriptions or a JetStream pull consumer.
+
+Subjects are ``md.mbp10.<dataset>.<symbol>`` (:mod:`feeds.sources.subjects`); payloads are bare
+MBP-10 record bytes (:mod:`feeds.sources.nats_wire`), decoded by :class:`feeds.dbn.StreamDecoder`
+(``"message"`` framing): a payload that is not whole MBP-10 records is counted
+(``counters.rejected_messages``/``rejected_bytes``), reported as a ``REJECTED`` health event and
+dropped; it never raises.
+
+Modes (``SourceConfig.nats_mode``):
+
+``jetstream`` (default)
+    A pull consumer on the stream (``SourceConfig.stream``, created if missing), filtered on the
+    configured subjects, acknowledging with ``AckPolicy.ALL``. With a ``durable`` name it resumes
+    where it stopped (and a new durable starts at the beginning of the stream); without one it
+    is an ephemeral consumer that starts with new messages. Redeliveries are recognised by
+    stream sequence and skipped (``counters.duplicates``): processing is idempotent. After a
+    reconnect the consumer is looked up again and, if the server lost it (an ephemeral consumer
+    times out during a long outage), re-created to start right after the last stream sequence
+    seen, so nothing retained by the stream is missed. A full queue pauses fetching (JetStream
+    keeps the messages) instead of dropping.
+``core``
+    Plain subscriptions: lowest latency, at-most-once. Messages published while disconnected are
+    lost; the relay's per-subject ``Md-Seq`` header tells exactly how many, reported as a
+    ``GAP`` event carrying the outage interval. A full queue drops batches (counted).
+
+Every disconnect is reported as ``DISCONNECTED`` and every reconnect as ``RECONNECTED``
+(``disconnected_at_ns``/``reconnected_at_ns``) once the subscriptions are re-established.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Literal
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from feeds.dbn import StreamDecoder
+from feeds.errors import FeedError
+from feeds.sources.base import QueuedSource
+from feeds.sources.events import HealthEvent, HealthKind
+from feeds.sources.nats_session import NatsSession, NatsUnavailable
+from feeds.sources.nats_wire import SequenceTracker, parse_tags
+from feeds.sources.subjects import dataset_subjects
+
+__all__ = ["NatsSource"]
+
+log = logging.getLogger(__name__)
+
+ACK_WAIT_S = 30.0
+MAX_ACK_PENDING = 20_000
+EPHEMERAL_INACTIVE_S = 60.0
+FETCH_TIMEOUT_S = 1.0
+CORE_PENDING_MSGS = 65_536
+CORE_PENDING_BYTES = 512 * 1024 * 1024
+
+
+class NatsSource(QueuedSource):
+    """MBP-10 records from NATS (see the module docstring for the modes).
+
+    ``ack="receipt"`` acknowledges each fetched batch once its records are queued (a daemon);
+    ``ack="manual"`` leaves it to the consumer, which calls :meth:`ack_through` once the records
+    are safe (the recorder, after its file flush). ``skip_through_seq`` makes the consumer skip
+    stream sequences up to and including it (messages the caller already has).
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        dataset: str,
+        symbols: tuple[str, ...] = (),
+        mode: Literal["jetstream", "core"] = "jetstream",
+        stream: str = "MBP10",
+        durable: str = "",
+        stream_max_age_s: float = 7 * 86400.0,
+        fetch_batch: int = 256,
+        max_batches: int = 1024,
+        stale_after_s: float = 5.0,
+        ack: Literal["receipt", "manual"] = "receipt",
+        skip_through_seq: int = 0,
+    ) -> None:
+        super().__init__(f"nats:{mode}:{dataset}", max_batches=max_batches, stale_after_s=stale_after_s)
+        self.dataset = dataset
+        self.subjects = dataset_subjects(dataset, symbols)
+        self.mode = mode
+        self.stream = stream
+        self.durable = durable
+        self._stream_max_age_s = stream_max_age_s
+        self._fetch_batch = fetch_batch
+        self._ack = ack
+        self.last_stream_seq = skip_through_seq
+        """Highest JetStream stream sequence taken in (duplicates at or below it are skipped)."""
+        self._session = NatsSession(
+            url, f"tradeagent-{self.name}", on_disconnect=self._on_disconnect, on_reconnect=self._on_reconnect
+        )
+        self._decoder = StreamDecoder(framing="message")
+        self._tracker = SequenceTracker()
+        self._core_subs: list[Subscription] = []
+        self._pull: JetStreamContext.PullSubscription | None = None
+        self._consumer = durable or f"eph-{secrets.token_hex(6)}"
+        self._pull_task: asyncio.Task[None] | None = None
+        self._resubscribe = False
+        self._outage: tuple[int, int] | None = None
+        self._unacked: collections.deque[tuple[int, Msg]] = collections.deque()
+
+    async def _start(self) -> None:
+        await self._session.connect()
+        if self.mode == "core":
+            client = self._session.client
+            for subject in self.subjects:
+                sub = await client.subscribe(
+                    subject,
+                    cb=self._on_core_msg,
+                    pending_msgs_limit=CORE_PENDING_MSGS,
+                    pending_bytes_limit=CORE_PENDING_BYTES,
+                )
+                self._core_subs.append(sub)
+            await client.flush()
+        else:
+            await self._session.ensure_stream(self.stream, self._stream_max_age_s)
+            await self._bind_consumer()
+            self._pull_task = asyncio.create_task(self._pull_loop(), name=f"{self.name}-pull")
+        log.info("%s: subscribed to %s", self.name, self.subjects)
+
+    async def _stop(self) -> None:
+        task, self._pull_task = self._pull_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._unacked and self._ack == "receipt":
+            await self._ack_msg(self._unacked[-1][1])
+        await self._session.close()
+
+    # ----------------------------------------------------------------- JetStream consumer
+
+    def _consumer_config(self, start_seq: int | None) -> ConsumerConfig:
+        if start_seq is not None:
+            deliver, opt_seq = DeliverPolicy.BY_START_SEQUENCE, start_seq
+        else:
+            deliver, opt_seq = (DeliverPolicy.ALL if self.durable else DeliverPolicy.NEW), None
+        filters = self.subjects
+        return ConsumerConfig(
+            name=self._consumer,
+            durable_name=self.durable or None,
+            deliver_policy=deliver,
+            opt_start_seq=opt_seq,
+            ack_policy=AckPolicy.ALL,
+            ack_wait=ACK_WAIT_S,
+            max_ack_pending=MAX_ACK_PENDING,
+            filter_subject=filters[0] if len(filters) == 1 else None,
+            filter_subjects=filters if len(filters) > 1 else None,
+            inactive_threshold=None if self.durable else EPHEMERAL_INACTIVE_S,
+        )
+
+    async def _bind_consumer(self) -> None:
+        """Find the consumer (or create it) and bind a pull subscription to it."""
+        session = self._session
+        js = session.js
+        try:
+            await session.retry(lambda: js.consumer_info(self.stream, self._consumer))
+        except nats.js.errors.NotFoundError:
+            resume = self.last_stream_seq + 1 if self.last_stream_seq else None
+            config = self._consumer_config(resume)
+            await session.retry(lambda: js.add_consumer(self.stream, config=config))
+            log.info(
+                "%s: created consumer %s (start %s)",
+                self.name,
+                self._consumer,
+                resume or config.deliver_policy,
+            )
+        old, self._pull = self._pull, None
+        if old is not None:
+            with contextlib.suppress(nats.errors.Error, ValueError):
+                await old.unsubscribe()
+        self._pull = await session.retry(
+            lambda: js.pull_subscribe_bind(
+                durable=self.durable or None, name=self._consumer, stream=self.stream
+            )
+        )
+
+    async def _pull_loop(self) -> None:
+        try:
+            while True:
+                if self._resubscribe:
+                    self._resubscribe = False
+                    await self._bind_consumer()
+                    self._report_reconnected()
+                await self._wait_for_room()
+                pull = self._pull
+                assert pull is not None
+                try:
+                    msgs = await pull.fetch(self._fetch_batch, timeout=FETCH_TIMEOUT_S)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except (nats.errors.Error, nats.js.errors.Error) as exc:
+                    if self._session.client.is_closed:
+                        raise NatsUnavailable(f"{self.name}: connection closed") from exc
+                    log.debug("%s: fetch failed (%r); retrying", self.name, exc)
+                    await asyncio.sleep(0.1)
+                    continue
+                for msg in msgs:
+                    self._take_js(msg)
+                if self._ack == "receipt" and self._unacked:
+                    last = self._unacked[-1][1]
+                    self._unacked.clear()
+                    await self._ack_msg(last)
+        except FeedError as exc:
+            self._finish(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s: pull loop failed", self.name)
+            self._finish(FeedError(f"{self.name}: pull loop failed: {exc!r}"))
+
+    def _take_js(self, msg: Msg) -> None:
+        try:
+            seq = msg.metadata.sequence.stream
+        except nats.errors.Error:
+            seq = None
+        if seq is not None:
+            self._unacked.append((seq, msg))
+            if seq <= self.last_stream_seq:
+                self.counters.duplicates += 1
+                return
+            self.last_stream_seq = seq
+        self._take(msg.subject, msg.data, msg.headers, seq)
+
+    async def ack_through(self, stream_seq: int) -> None:
+        """Acknowledge every received message up to ``stream_seq`` (``ack="manual"``)."""
+        last: Msg | None = None
+        while self._unacked and self._unacked[0][0] <= stream_seq:
+            last = self._unacked.popleft()[1]
+        if last is not None:
+            await self._ack_msg(last)
+
+    async def _ack_msg(self, msg: Msg) -> None:
+        try:
+            await msg.ack()
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            # The message will be redelivered and skipped as a duplicate.
+            log.debug("%s: ack failed: %r", self.name, exc)
+
+    # ----------------------------------------------------------------- core subscriptions
+
+    async def _on_core_msg(self, msg: Msg) -> None:
+        self._take(msg.subject, msg.data, msg.headers, None)
+
+    # ----------------------------------------------------------------- shared
+
+    def _take(self, subject: str, data: bytes, headers: Mapping[str, str] | None, seq: int | None) -> None:
+        counters = self.counters
+        counters.messages += 1
+        counters.bytes += len(data)
+        tags = parse_tags(headers)
+        missing, repeat = self._tracker.observe(subject, tags)
+        if repeat:
+            counters.duplicates += 1
+            return
+        if missing:
+            self._report_gap(subject, missing)
+        decoder = self._decoder
+        rejected_before = decoder.counters.rejected_chunks
+        records = decoder.feed(data)
+        if decoder.counters.rejected_chunks != rejected_before:
+            counters.rejected_messages += 1
+            counters.rejected_bytes += len(data)
+            log.warning(
+                "%s: rejected a %d-byte message on %s: %s", self.name, len(data), subject, decoder.last_error
+            )
+            self._emit_health(
+                HealthEvent(
+                    HealthKind.REJECTED,
+                    time.time_ns(),
+                    f"{subject}: {decoder.last_error}",
+                    count=1,
+                    bytes=len(data),
+                )
+            )
+            return
+        self._emit_records(records, seq, tags.part)
+
+    def _report_gap(self, subject: str, missing: int) -> None:
+        self.counters.gaps += 1
+        down, up = self._outage if self._outage is not None else (None, None)
+        log.warning("%s: %d messages missing on %s", self.name, missing, subject)
+        self._emit_health(
+            HealthEvent(
+                HealthKind.GAP,
+                time.time_ns(),
+                f"{subject}: {missing} messages missing",
+                count=missing,
+                disconnected_at_ns=down,
+                reconnected_at_ns=up,
+                sequence_gap=missing,
+            )
+        )
+
+    def _on_disconnect(self, at_ns: int) -> None:
+        self.counters.disconnects += 1
+        self._emit_health(
+            HealthEvent(HealthKind.DISCONNECTED, at_ns, "NATS connection lost", disconnected_at_ns=at_ns)
+        )
+
+    async def _on_reconnect(self, disconnected_at_ns: int, reconnected_at_ns: int) -> None:
+        self._outage = (disconnected_at_ns, reconnected_at_ns)
+        self._decoder.reset()
+        if self.mode == "core":
+            self._report_reconnected()  # nats-py has re-sent every core subscription
+        else:
+            self._resubscribe = True  # the pull loop re-binds the consumer, then reports
+
+    def _report_reconnected(self) -> None:
+        assert self._outage is not None
+        down, up = self._outage
+        self.counters.reconnects += 1
+        detail = (
+            "subscriptions re-established; core NATS loses messages published during the outage"
+            if self.mode == "core"
+            else f"consumer {self._consumer} re-established after stream sequence {self.last_stream_seq}"
+        )
+        self._emit_health(
+            HealthEvent(
+                HealthKind.RECONNECTED,
+                time.time_ns(),
+                detail,
+                disconnected_at_ns=down,
+                reconnected_at_ns=up,
+            )
+        )

@@ -1,0 +1,1 @@
+"""Reusable test doubles that are real services (a NATS server process, ...)."""
