@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,13 +71,20 @@ def dbn_files(path: str | Path) -> list[Path]:
     return [p]
 
 
-def _open(path: Path) -> databento.DBNStore:
+@contextmanager
+def _opened(path: Path) -> Iterator[databento.DBNStore]:
+    """A DBNStore over ``path`` whose file is closed on exit (DBNStore itself leaves that to the
+    garbage collector; ``store.reader.close()`` closes the file for plain and zstd data)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", BentoWarning)
-            return databento.DBNStore.from_file(path)
+            store = databento.DBNStore.from_file(path)
     except (BentoError, BentoWarning, databento_dbn.DBNError, ValueError, OSError) as exc:
         raise DBNFormatError(f"{path}: not a readable DBN file: {exc}") from None
+    try:
+        yield store
+    finally:
+        store.reader.close()
 
 
 def _symbols(store: databento.DBNStore) -> dict[int, str]:
@@ -118,35 +126,37 @@ def read_metadata(path: str | Path) -> DBNInfo:
     p = Path(path)
     if not p.is_file():
         raise DBNFormatError(f"{p}: no such file")
-    return _info(p, _open(p))
+    with _opened(p) as store:
+        return _info(p, store)
 
 
-def _chunks(path: Path, store: databento.DBNStore, chunk_records: int) -> Iterator[npt.NDArray[np.void]]:
+def _chunks(path: Path, chunk_records: int) -> Iterator[npt.NDArray[np.void]]:
     """Checked MBP-10 chunks of one file, in file order (read-only views)."""
-    _require_mbp10(path, store)
     decoded = 0
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", BentoWarning)
-            for chunk in store.to_ndarray(count=chunk_records):
-                records: npt.NDArray[np.void] = chunk
-                check_mbp10(records, f"{path} (records {decoded}..{decoded + len(records)})")
-                decoded += len(records)
-                if len(records):
-                    yield records
-    except (BentoError, BentoWarning, databento_dbn.DBNError, ValueError, OSError) as exc:
-        raise DBNFormatError(f"{path}: corrupt or truncated after {decoded} records: {exc}") from None
+    with _opened(path) as store:
+        _require_mbp10(path, store)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", BentoWarning)
+                for chunk in store.to_ndarray(count=chunk_records):
+                    records: npt.NDArray[np.void] = chunk
+                    check_mbp10(records, f"{path} (records {decoded}..{decoded + len(records)})")
+                    decoded += len(records)
+                    if len(records):
+                        yield records
+        except (BentoError, BentoWarning, databento_dbn.DBNError, ValueError, OSError) as exc:
+            raise DBNFormatError(f"{path}: corrupt or truncated after {decoded} records: {exc}") from None
 
 
-def _ordered_stores(path: str | Path) -> list[tuple[Path, databento.DBNStore, DBNInfo]]:
-    """Open every file and order them by metadata start, then name."""
-    opened = []
+def _ordered_infos(path: str | Path) -> list[DBNInfo]:
+    """Metadata of every file (each must be MBP-10), ordered by metadata start, then name."""
+    infos = []
     for file in dbn_files(path):
-        store = _open(file)
-        _require_mbp10(file, store)
-        opened.append((file, store, _info(file, store)))
-    opened.sort(key=lambda item: (item[2].start_ns, item[0].name))
-    return opened
+        with _opened(file) as store:
+            _require_mbp10(file, store)
+            infos.append(_info(file, store))
+    infos.sort(key=lambda info: (info.start_ns, info.path.name))
+    return infos
 
 
 def _overlaps(info: DBNInfo, start_ns: int | None, end_ns: int | None) -> bool:
@@ -187,10 +197,11 @@ def iter_mbp10(
         raise ValueError("chunk_records must be positive")
     last_ts = 0
     last_file: Path | None = None
-    for file, store, info in _ordered_stores(path):
+    for info in _ordered_infos(path):
         if not _overlaps(info, start_ns, end_ns):
             continue
-        for chunk in _chunks(file, store, chunk_records):
+        file = info.path
+        for chunk in _chunks(file, chunk_records):
             records = _window(chunk, start_ns, end_ns)
             if not len(records):
                 continue
@@ -214,9 +225,9 @@ def read_mbp10(
     keep ``start_ns <= ts_recv < end_ns`` (ns since the UNIX epoch).
     """
     parts: list[npt.NDArray[np.void]] = []
-    for file, store, info in _ordered_stores(path):
+    for info in _ordered_infos(path):
         if _overlaps(info, start_ns, end_ns):
-            parts.extend(_window(chunk, start_ns, end_ns) for chunk in _chunks(file, store, 1 << 20))
+            parts.extend(_window(chunk, start_ns, end_ns) for chunk in _chunks(info.path, 1 << 20))
     records = concat_mbp10(parts)
     ts = records["ts_recv"]
     if len(ts) > 1 and not bool(np.all(ts[1:] >= ts[:-1])):

@@ -98,6 +98,8 @@ class StreamDecoder:
         self._configure(input_version, ts_out)
 
     def _configure(self, version: int, ts_out: bool) -> None:
+        self.version = version
+        """DBN version of the records (set by the metadata when the stream has one)."""
         self._extra = TS_OUT_SIZE if ts_out else 0
         self._sizes = {rtype: size + self._extra for rtype, size in RECORD_SIZES[version].items()}
         self._mbp_size = MBP10_SIZE + self._extra
@@ -173,7 +175,7 @@ class StreamDecoder:
         """Consume the metadata at the start of ``buf``; return the bytes after it, or None
         (metadata incomplete, held back; or bad, chunk rejected)."""
         if len(buf) < _PRELUDE.size:
-            if buf != b"DBN"[: len(buf)]:
+            if buf[:3] != b"DBN"[: len(buf)]:
                 self._reject(nbytes, "stream does not start with DBN metadata")
             else:
                 self._carry = buf
@@ -198,7 +200,8 @@ class StreamDecoder:
             return None
         self.metadata = metadata
         self._want_metadata = False
-        self._configure(int(metadata.version), bool(metadata.ts_out))
+        # The decoder upgrades the metadata it returns to v3; the records keep the prelude's version.
+        self._configure(version, bool(metadata.ts_out))
         return buf[total:]
 
     def _frame(self, buf: bytes) -> tuple[str | None, int, list[tuple[int, int]], Counter[int]]:
