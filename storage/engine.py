@@ -48,7 +48,7 @@ from storage.errors import (
     InvalidRecord,
     StorageError,
 )
-from storage.url import display_url
+from storage.url import display_url, mask_secrets
 
 __all__ = ["Database", "GiveUp"]
 
@@ -165,7 +165,8 @@ class Database:
     def translate(self, exc: BaseException, *, what: str, attempts: int = 1) -> StorageError:
         """Map a SQLAlchemy/driver exception to the ``storage.errors`` tree (password hidden)."""
         orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-        detail = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+        lines = str(orig).strip().splitlines()
+        detail = mask_secrets(lines[0]) if lines else type(orig).__name__
         where = f"{what} on {self.display_url}"
         if _is_corrupt(orig):
             return CorruptDatabase(

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from storage._sql import finite, insert_ignoring_conflicts, nonempty
@@ -160,6 +161,34 @@ def _check_fill(fill: NewFill) -> None:
     if fill.price == _UNDEF_PRICE or abs(fill.price) >= _UNDEF_PRICE:
         raise InvalidRecord(f"fill {fill.fill_id}: undefined price")
     finite(fill.fee, f"fill {fill.fill_id} fee")
+
+
+@dataclass(slots=True)
+class _OrderState:
+    """The columns of an order that recording fills reads and changes (lighter than the ORM)."""
+
+    id: int
+    client_order_id: str
+    account: str
+    instrument_id: int
+    side: str
+    qty: int
+    filled_qty: int
+    status: str
+    ts_updated_ns: int
+
+
+_ORDER_STATE_COLUMNS = (
+    Order.id,
+    Order.client_order_id,
+    Order.account,
+    Order.instrument_id,
+    Order.side,
+    Order.qty,
+    Order.filled_qty,
+    Order.status,
+    Order.ts_updated_ns,
+)
 
 
 def _same_order(row: Order, order: NewOrder) -> bool:
@@ -332,9 +361,12 @@ class Ledger:
             return FillsResult(inserted=(), duplicates=())
         order_ids = sorted({f.client_order_id for f in batch})
         orders = {
-            o.client_order_id: o
-            for o in session.scalars(
-                select(Order).where(Order.client_order_id.in_(order_ids)).order_by(Order.id).with_for_update()
+            row.client_order_id: _OrderState(*row)
+            for row in session.execute(
+                select(*_ORDER_STATE_COLUMNS)
+                .where(Order.client_order_id.in_(order_ids))
+                .order_by(Order.id)
+                .with_for_update()
             )
         }
         missing = [i for i in order_ids if i not in orders]
@@ -371,6 +403,7 @@ class Ledger:
                 if not _same_fill(stored[fill.fill_id], fill):
                     raise InvalidRecord(f"fill_id {fill.fill_id} was already recorded with different content")
         new = sorted((f for f in batch if f.fill_id in ledger_ids), key=lambda f: ledger_ids[f.fill_id])
+        touched: dict[str, _OrderState] = {}
         for fill in new:
             order = orders[fill.client_order_id]
             order.filled_qty += fill.qty
@@ -382,6 +415,20 @@ class Ledger:
             if order.status not in ("cancelled", "rejected"):
                 order.status = "filled" if order.filled_qty == order.qty else "partially_filled"
             order.ts_updated_ns = max(order.ts_updated_ns, fill.ts_ns)
+            touched[order.client_order_id] = order
+        if touched:
+            session.execute(
+                update(Order),
+                [
+                    {
+                        "id": o.id,
+                        "filled_qty": o.filled_qty,
+                        "status": o.status,
+                        "ts_updated_ns": o.ts_updated_ns,
+                    }
+                    for o in touched.values()
+                ],
+            )
         self._apply_to_positions(
             session, [(orders[f.client_order_id], f, ledger_ids[f.fill_id]) for f in new]
         )
@@ -390,7 +437,7 @@ class Ledger:
         )
 
     @staticmethod
-    def _apply_to_positions(session: Session, applied: list[tuple[Order, NewFill, int]]) -> None:
+    def _apply_to_positions(session: Session, applied: list[tuple[_OrderState, NewFill, int]]) -> None:
         keys = sorted({(o.account, o.instrument_id) for o, _, _ in applied})
         if not keys:
             return

@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# Alembic announces its dialect settings at INFO on every check; this module logs the upgrades.
+logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
 
 SCRIPT_LOCATION = "storage:migrations"
 _PG_MIGRATION_LOCK = 0x7472_6164  # pg_advisory_xact_lock key: one migrator at a time

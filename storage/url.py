@@ -25,11 +25,12 @@ EMBEDDED_FILE = "tradeagent.db"
 """File name of the embedded SQLite database inside the data directory."""
 
 _SUPPORTED = {"sqlite": ("pysqlite",), "postgresql": ("psycopg",)}
-_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*):[^@\s]*@")
+# user info up to the last "@" of the token: a malformed password may itself contain "@".
+_USERINFO = re.compile(r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.\-]*:)?//[^\s:/@]*):\S*@")
 
 
 def mask_secrets(text: str) -> str:
-    """Replace the password of every ``scheme://user:password@`` in ``text`` with ``***``."""
+    """Replace every ``user:password@`` in ``text`` (with or without a scheme) by ``user:***@``."""
     return _USERINFO.sub(r"\g<head>:***@", text)
 
 

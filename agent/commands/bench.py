@@ -19,7 +19,9 @@ from agent.config import load_config
 __all__ = ["BENCHMARKS", "register"]
 
 # name -> one-line help; the code is agent.bench.<name>.run
-BENCHMARKS: dict[str, str] = {}
+BENCHMARKS: dict[str, str] = {
+    "db": "durable fills/s and promotion transactions/s on SQLite and PostgreSQL",
+}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
