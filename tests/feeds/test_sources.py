@@ -1,0 +1,230 @@
+"""Sources without a network: replay (fast and paced), the lifecycle, the bounded queue, the
+thread bridge, the subject layout and the NATS wire encoding."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from feeds.dbn import StreamDecoder, read_mbp10
+from feeds.errors import DBNFormatError, FeedError
+from feeds.sources import (
+    HealthEvent,
+    HealthKind,
+    QueuedSource,
+    RecordBatch,
+    ReplaySource,
+    SourceState,
+    dataset_subjects,
+    subject_for,
+    subject_token,
+)
+from feeds.sources.nats_wire import MessageEncoder, SequenceTracker, WireTags, parse_tags
+from feeds.sources.thread_bridge import ThreadBridge
+from tests.support.feed_data import SYMBOLS, feed_records, sorted_by_key, write_feed
+
+
+async def collect(source: ReplaySource | QueuedSource) -> tuple[np.ndarray, list[HealthEvent], int]:
+    batches: list[np.ndarray] = []
+    health: list[HealthEvent] = []
+    async with source:
+        async for event in source:
+            if isinstance(event, RecordBatch):
+                batches.append(event.records)
+            else:
+                health.append(event)
+    records = np.concatenate(batches) if batches else np.empty(0)
+    return records, health, len(batches)
+
+
+async def test_replay_of_a_file_yields_every_record_in_order(tmp_path: Path) -> None:
+    records = feed_records(3000)
+    path = write_feed(tmp_path / "feed.dbn.zst", records)
+    source = ReplaySource(path, batch_records=1000)
+    got, health, batches = await collect(source)
+    assert got.tobytes() == records.tobytes()
+    assert health == []
+    assert batches == 6
+    assert source.state is SourceState.STOPPED
+    assert source.counters.records == len(records)
+    assert source.dataset == "GLBX.MDP3"
+    assert source.symbols == SYMBOLS
+
+
+async def test_replay_of_a_directory_reads_daily_files_in_time_order(tmp_path: Path) -> None:
+    records = feed_records(1000, next_day_from=0.5)
+    half = len(records) // 2
+    write_feed(tmp_path / "b-later.dbn", records[half:])
+    write_feed(tmp_path / "a-earlier.dbn.zst", records[:half])
+    got, _, _ = await collect(ReplaySource(tmp_path))
+    assert got.tobytes() == records.tobytes()
+
+
+async def test_paced_replay_releases_records_by_ts_recv(tmp_path: Path) -> None:
+    records = feed_records(200)  # ~0.4 s of data per instrument
+    path = write_feed(tmp_path / "feed.dbn", records)
+    span_s = (int(records["ts_recv"][-1]) - int(records["ts_recv"][0])) / 1e9
+    source = ReplaySource(path, pace=span_s / 0.3)  # the whole feed over ~0.3 s of wall time
+    got, _, batches = await collect(source)
+    assert got.tobytes() == records.tobytes()
+    assert batches > 1  # released in several due runs, not one chunk
+
+
+async def test_replay_errors_are_feed_errors_at_start(tmp_path: Path) -> None:
+    with pytest.raises(DBNFormatError, match="no such file"):
+        await ReplaySource(tmp_path / "missing.dbn").start()
+    source = ReplaySource(tmp_path)  # a directory without DBN files
+    with pytest.raises(DBNFormatError, match=r"no \.dbn"):
+        await source.start()
+    assert source.state is SourceState.FAULTED
+    with pytest.raises(FeedError, match="pace"):
+        ReplaySource(tmp_path, pace=-1)
+
+
+async def test_a_source_cannot_start_twice_and_stop_is_idempotent(tmp_path: Path) -> None:
+    path = write_feed(tmp_path / "feed.dbn", feed_records(10))
+    source = ReplaySource(path)
+    await source.start()
+    with pytest.raises(FeedError, match="cannot start"):
+        await source.start()
+    await source.stop()
+    await source.stop()
+    assert source.state is SourceState.STOPPED
+    assert await source.next() is None
+
+
+class _PushSource(QueuedSource):
+    """A queued source fed by the test (what NATS callbacks and live threads do)."""
+
+    async def _start(self) -> None:
+        return None
+
+    async def _stop(self) -> None:
+        return None
+
+
+async def test_queued_source_drops_batches_when_full_and_reports_once() -> None:
+    source = _PushSource("push", max_batches=2, stale_after_s=60)
+    await source.start()
+    records = feed_records(5)
+    assert source._emit_records(records[:2])
+    assert source._emit_records(records[2:4])
+    assert not source._emit_records(records[4:7])  # full: dropped
+    assert not source._emit_records(records[7:10])
+    events = [event for event in (await source.next(), await source.next()) if event is not None]
+    assert source._emit_records(records[:1])  # room again: the drop episode is reported first
+    source._finish()
+    events += [event async for event in source]
+    kinds = [type(e).__name__ if isinstance(e, RecordBatch) else e.kind for e in events]
+    assert kinds == ["RecordBatch", "RecordBatch", HealthKind.DROPPED, "RecordBatch"]
+    dropped = events[2]
+    assert isinstance(dropped, HealthEvent)
+    assert dropped.count == 6
+    assert source.counters.dropped_records == 6
+    await source.stop()
+
+
+async def test_queued_source_reports_a_stale_feed_once_per_episode() -> None:
+    source = _PushSource("push", max_batches=4, stale_after_s=0.05)
+    await source.start()
+    stale = await source.next()
+    assert isinstance(stale, HealthEvent)
+    assert stale.kind is HealthKind.STALE
+    source._emit_records(feed_records(1))
+    source._finish()
+    rest = [event async for event in source]
+    assert [type(e) for e in rest] == [RecordBatch]
+    assert source.counters.stale == 1
+    await source.stop()
+
+
+async def test_queued_source_raises_the_producer_error_as_feed_error() -> None:
+    source = _PushSource("push", max_batches=4, stale_after_s=60)
+    await source.start()
+    source._finish(FeedError("session lost"))
+    with pytest.raises(FeedError, match="session lost"):
+        await source.next()
+    assert source.state is SourceState.FAULTED
+    await source.stop()
+
+
+async def test_thread_bridge_batches_records_from_another_thread_and_counts_drops() -> None:
+    loop = asyncio.get_running_loop()
+    drained: list[tuple[bytes, int, int]] = []
+    done = asyncio.Event()
+    bridge = ThreadBridge(
+        loop, lambda raw, n, dropped: drained.append((raw, n, dropped)), max_pending_records=50
+    )
+    records = feed_records(50)  # 100 records
+
+    def produce() -> None:
+        for record in records:
+            bridge.put(record.tobytes())
+        loop.call_soon_threadsafe(done.set)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    await done.wait()
+    await asyncio.sleep(0)
+    thread.join()
+    received = sum(n for _, n, _ in drained)
+    dropped = sum(d for _, _, d in drained)
+    assert received + dropped == len(records)
+    raw = b"".join(r for r, _, _ in drained)
+    decoded = StreamDecoder(framing="message").feed(raw)
+    assert len(decoded) == received
+    originals = {record.tobytes(): i for i, record in enumerate(records)}
+    positions = [originals[record.tobytes()] for record in decoded]
+    assert positions == sorted(positions)  # a subsequence of what was produced, in order
+
+
+def test_subject_layout_normalises_tokens() -> None:
+    assert subject_token("GLBX.MDP3") == "GLBX-MDP3"
+    assert subject_for("GLBX.MDP3", "ESZ6") == "md.mbp10.GLBX-MDP3.ESZ6"
+    assert subject_for("OPRA.PILLAR", "SPY 250117C00500000") == "md.mbp10.OPRA-PILLAR.SPY_250117C00500000"
+    assert dataset_subjects("GLBX.MDP3") == ["md.mbp10.GLBX-MDP3.>"]
+    assert dataset_subjects("GLBX.MDP3", ("ES", "NQ")) == ["md.mbp10.GLBX-MDP3.ES", "md.mbp10.GLBX-MDP3.NQ"]
+    for bad in ("", "ES*", "NQ>", "A\tB"):
+        with pytest.raises(FeedError):
+            subject_token(bad)
+
+
+def test_encoder_splits_by_instrument_and_size_and_tags_every_piece() -> None:
+    records = feed_records(700)
+    encoder = MessageEncoder("GLBX.MDP3", batch_records=300)
+    messages, unknown = encoder.encode(records, {1001: "ES"})  # NQ has no symbol
+    assert len(unknown) == 700
+    assert set(unknown["instrument_id"].tolist()) == {1002}
+    assert [m.records for m in messages] == [300, 300, 100]
+    assert {m.subject for m in messages} == {"md.mbp10.GLBX-MDP3.ES"}
+    tags = [parse_tags(m.headers) for m in messages]
+    assert [t.seq for t in tags] == [1, 2, 3]
+    assert all(t.part is not None and t.part.batch == 1 and t.part.parts == 3 for t in tags)
+    decoder = StreamDecoder(framing="message")
+    es = np.concatenate([decoder.feed(m.payload) for m in messages])
+    assert es.tobytes() == records[records["instrument_id"] == 1001].tobytes()
+    more, _ = encoder.encode(records, SYMBOLS)
+    assert {parse_tags(m.headers).part.batch for m in more} == {2}  # type: ignore[union-attr]
+    merged = sorted_by_key(np.concatenate([decoder.feed(m.payload) for m in more]))
+    assert merged.tobytes() == sorted_by_key(records).tobytes()
+
+
+def test_sequence_tracker_measures_gaps_and_repeats() -> None:
+    tracker = SequenceTracker()
+    subject = "md.mbp10.GLBX-MDP3.ES"
+    assert tracker.observe(subject, WireTags("r1", 1, None)) == (0, False)
+    assert tracker.observe(subject, WireTags("r1", 2, None)) == (0, False)
+    assert tracker.observe(subject, WireTags("r1", 5, None)) == (2, False)
+    assert tracker.observe(subject, WireTags("r1", 5, None)) == (0, True)
+    assert tracker.observe(subject, WireTags("r2", 1, None)) == (0, False)  # a new relay run
+    assert tracker.observe(subject, WireTags(None, None, None)) == (0, False)
+    assert parse_tags({"Md-Seq": "x", "Md-Batch": "3/zero"}) == WireTags(None, None, None)
+
+
+def test_read_back_helper_agrees_with_the_writer(tmp_path: Path) -> None:
+    records = feed_records(100)
+    assert read_mbp10(write_feed(tmp_path / "f.dbn", records)).tobytes() == records.tobytes()
