@@ -7,12 +7,13 @@ Tensors (float arrays, little-endian, as safetensors stores them):
   (the model reads ``(features - mean) / std``);
 * optionally ``adam_m/<name>`` and ``adam_v/<name>``: the optimiser's moments.
 
-Header metadata (all strings, JSON where structured): ``format`` = ``tradeagent.checkpoint``,
-``format_version`` = ``1``, ``model_config`` (:class:`ModelConfig` as JSON), ``feature_names``
-(JSON list of F names), ``layout_fingerprint``, ``optimizer`` (JSON of the Adam
-hyper-parameters and step, present with the moments) and ``metadata`` (free-form JSON
-object: run id, seed, instrument set...) and ``content_sha256``, a digest of every other
-header entry and every tensor, so corruption is detected even without the file's hash.
+Header metadata: one safetensors metadata entry, ``tradeagent``, holding a JSON object (keys
+sorted, so equal checkpoints serialise to equal bytes) of strings: ``format`` =
+``tradeagent.checkpoint``, ``format_version`` = ``1``, ``model_config`` (:class:`ModelConfig`
+as JSON), ``feature_names`` (JSON list of F names), ``layout_fingerprint``, ``optimizer``
+(JSON of the Adam hyper-parameters and step, present with the moments), ``metadata``
+(free-form JSON object: run id, seed, instrument set...) and ``content_sha256``, a digest of
+every other entry and every tensor, so corruption is detected even without the file's hash.
 
 Loading is a pure function: any inconsistency (corrupt bytes, another sha256, another layout,
 missing or extra tensors, non-finite values, a config that does not load) raises
@@ -58,6 +59,7 @@ FORMAT_VERSION = 1
 _PARAM, _ADAM_M, _ADAM_V = "param/", "adam_m/", "adam_v/"
 _MEAN, _STD = "norm/mean", "norm/std"
 _DIGEST = "content_sha256"
+_KEY = "tradeagent"
 _HEADER_LIMIT = 100 * 1024 * 1024
 
 HostArray = np.ndarray[Any, Any]
@@ -180,12 +182,12 @@ def checkpoint_to_bytes(
     except (TypeError, ValueError) as exc:
         raise ModelError(f"checkpoint metadata is not plain JSON: {exc}") from None
     header[_DIGEST] = _content_digest(header, tensors)
-    out: bytes = safetensors.numpy.save(tensors, metadata=header)
+    out: bytes = safetensors.numpy.save(tensors, metadata={_KEY: json.dumps(header, sort_keys=True)})
     return out
 
 
 def _header(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of safetensors bytes (8-byte little-endian length + JSON)."""
+    """Our metadata from safetensors bytes (8-byte little-endian length + JSON header)."""
     if len(data) < 8:
         raise CheckpointError("not a checkpoint: shorter than a safetensors header")
     size = int.from_bytes(data[:8], "little")
@@ -195,9 +197,15 @@ def _header(data: bytes) -> dict[str, str]:
         header = json.loads(data[8 : 8 + size])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"not a checkpoint: unreadable header ({exc})") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+    outer = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(outer, dict) or not isinstance(outer.get(_KEY), str):
         raise CheckpointError("not a checkpoint: no tradeagent metadata in the header")
+    try:
+        meta = json.loads(outer[_KEY])
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"not a checkpoint: unreadable tradeagent metadata ({exc})") from None
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CheckpointError("not a checkpoint: tradeagent metadata is not an object of strings")
     return meta
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
+from agent.model.errors import ModelError
+
 __all__ = ["ModelConfig"]
 
 
@@ -105,11 +107,14 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         return self.chunk_size or self.window
 
     def with_features(self, n_features: int) -> ModelConfig:
-        """This configuration with F resolved from the data (what a checkpoint stores)."""
+        """This configuration with F resolved from the data (what a checkpoint stores).
+
+        Raises :class:`ModelError` when the configuration fixes another F.
+        """
         if n_features < 1:
-            raise ValueError(f"n_features must be >= 1, got {n_features}")
+            raise ModelError(f"n_features must be >= 1, got {n_features}")
         if self.n_features and self.n_features != n_features:
-            raise ValueError(
+            raise ModelError(
                 f"the configuration fixes n_features = {self.n_features}, the data has {n_features}"
             )
         return msgspec.structs.replace(self, n_features=n_features)
