@@ -1,0 +1,143 @@
+"""The C51 learner (ALGORITHMS section 2): double-DQN targets, n-step returns, a target network,
+Adam with global-norm clipping, Thompson exploration, and the return head trained alongside.
+
+One update on a batch of transitions (:class:`agent.train.replay.Transitions`):
+
+1. online forward on ``s`` -> C51 logits and return-head logits;
+2. double DQN: ``a* = argmax_a Q_online(s', a)``, target distribution ``p_target(s', a*)``
+   (``target_update = "none"``: the online network is its own target);
+3. ``m = project(R + discount * z)``; loss = cross-entropy of ``p(s, a)`` against ``m``;
+4. return head: cross-entropy against the bin of the realised ``return_horizon``-bar mark change
+   in ticks at ``s`` (rows without a label inside the session do not contribute);
+5. backward, clip the global gradient norm, Adam; then Polyak averaging or a hard copy every
+   ``hard_sync_every`` updates (weights only, never optimiser state).
+
+Exploration: Thompson sampling from the online distributions, one Philox uniform per action keyed
+by (seed, environment, step) (:mod:`agent.policy.thompson`; the CUDA kernel on the GPU), so a run
+is reproducible on the CPU for a seed. The optional Munchausen bonus is not implemented.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from agent.kernels.thompson import thompson
+from agent.model import ModelConfig, Params, c51_support, expected_q, forward, q_probs, return_bin_of
+from agent.model.arrays import Array, array_module
+from agent.model.errors import NonFiniteError
+from agent.model.losses import c51_loss_and_grad, c51_project, return_loss_and_grad
+from agent.model.network import backward
+from agent.model.optim import Adam, clip_grad_norm
+from agent.policy.thompson import thompson_ref
+from agent.train.config import TrainConfig
+from agent.train.env import EnvData
+from agent.train.replay import Transitions
+
+__all__ = ["Learner", "UpdateStats"]
+
+
+class UpdateStats(NamedTuple):
+    """Scalars of one update (host floats)."""
+
+    c51_loss: float
+    return_loss: float
+    grad_norm: float
+
+
+class Learner:
+    """Online and target parameters, the optimiser and the acting rules, on one device."""
+
+    def __init__(self, model: ModelConfig, config: TrainConfig, params: Params, *, seed: int) -> None:
+        xp = array_module(*params.values())
+        self.model, self.config, self.xp, self.seed = model, config, xp, seed
+        self.params = params
+        self.target: Params = params if config.target_update == "none" else _copy(params)
+        self.optimizer = Adam(params, lr=config.lr, eps=config.adam_eps)
+        self.support = c51_support(model, xp)
+        self.updates = 0
+        self.skipped = 0
+        """Updates rejected because the gradient was not finite."""
+
+    def reset_optimizer(self) -> None:
+        """Fresh Adam moments and a target network synced to the online one (each fold)."""
+        self.optimizer = Adam(self.params, lr=self.config.lr, eps=self.config.adam_eps)
+        if self.config.target_update != "none":
+            self.target = _copy(self.params)
+
+    # acting ----------------------------------------------------------------------------------
+
+    def distributions(self, obs: Array, params: Params | None = None) -> Array:
+        """C51 probabilities ``[B, A, atoms]`` for observations ``[B, K, F + 2]``."""
+        q_logits, _, _ = forward(self.params if params is None else params, self.model, obs)
+        return q_probs(q_logits)
+
+    def q_values(self, obs: Array) -> Array:
+        """Expected Q ``[B, A]`` (normalised units)."""
+        return expected_q(self.distributions(obs), self.support)
+
+    def greedy(self, obs: Array) -> Array:
+        """Argmax of expected Q (ties to the lowest action), ``[B]`` int64."""
+        return self.xp.argmax(self.q_values(obs), axis=1).astype(np.int64)
+
+    def explore(self, obs: Array, env: Array, step: Array) -> Array:
+        """Thompson actions ``[B]`` for environments ``env`` at their step counters ``step``."""
+        probs = self.distributions(obs).astype(np.float32)
+        if self.xp is np:
+            return thompson_ref(probs, self.support, self.seed, env, step).action.astype(np.int64)
+        action, _ = thompson(
+            probs, self.support.astype(np.float32), self.seed, env.astype(np.int32), step.astype(np.uint64)
+        )
+        return action.astype(np.int64)
+
+    # learning --------------------------------------------------------------------------------
+
+    def update(self, data: EnvData, batch: Transitions) -> UpdateStats:
+        """One gradient step on ``batch``; a non-finite gradient skips the step (counted)."""
+        xp, cfg = self.xp, self.config
+        obs = data.windows(batch.t, batch.agent)
+        nxt = data.windows(batch.t_next, batch.agent_next)
+        q_logits, ret_logits, cache = forward(self.params, self.model, obs)
+        rows = xp.arange(obs.shape[0])
+        online_next = self.distributions(nxt)
+        a_star = xp.argmax(expected_q(online_next, self.support), axis=1)
+        target_next = online_next if self.target is self.params else self.distributions(nxt, self.target)
+        target_probs = target_next[rows, a_star]
+        m = c51_project(target_probs, batch.reward, batch.discount, self.support)
+        c51_loss, g_q = c51_loss_and_grad(q_logits, batch.action, m)
+        label = data.label_ticks[batch.t]
+        valid = xp.isfinite(label)
+        n_valid = int(valid.sum())
+        g_ret = xp.zeros_like(ret_logits)
+        ret_loss = 0.0
+        if n_valid and cfg.return_loss_weight > 0:
+            bins = return_bin_of(label[valid], self.model)
+            loss_r, g_r = return_loss_and_grad(ret_logits[valid], bins)
+            g_ret[valid] = g_r * (cfg.return_loss_weight * n_valid / obs.shape[0])
+            ret_loss = float(loss_r)
+        grads, _ = backward(self.params, self.model, cache, g_q, g_ret)
+        try:
+            norm = clip_grad_norm(grads, cfg.grad_clip)
+        except NonFiniteError:
+            self.skipped += 1
+            return UpdateStats(float(c51_loss), ret_loss, float("nan"))
+        self.optimizer.update(self.params, grads)
+        self.updates += 1
+        self._sync_target()
+        return UpdateStats(float(c51_loss), ret_loss, norm)
+
+    def _sync_target(self) -> None:
+        cfg = self.config
+        if cfg.target_update == "polyak":
+            for name, p in self.params.items():
+                t = self.target[name]
+                t *= 1.0 - cfg.polyak_rho
+                t += cfg.polyak_rho * p
+        elif cfg.target_update == "hard" and self.updates % cfg.hard_sync_every == 0:
+            for name, p in self.params.items():
+                self.target[name][...] = p
+
+
+def _copy(params: Params) -> Params:
+    return {name: p.copy() for name, p in params.items()}

@@ -1,0 +1,169 @@
+"""Training on one fold: explore, store, learn, and check Q-drift after every epoch.
+
+An epoch is ``steps_per_epoch`` lockstep steps of ``n_envs`` training environments (each step
+adds ``n_envs`` n-step transitions to replay) with ``updates_per_step`` learner updates per step
+once replay holds ``learning_starts`` transitions. After each epoch the probe statistics are
+measured on fixed windows of the training data with a flat agent state, and the Q-drift gate
+decides whether training goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import msgspec
+import numpy as np
+
+from agent.model import ACTIONS
+from agent.model.arrays import Array, to_numpy
+from agent.train.config import TrainConfig
+from agent.train.env import AGENT_FEATURES, EnvData, VecEnv
+from agent.train.errors import TrainTimeout
+from agent.train.gates import GateEvent, action_entropy, q_drift
+from agent.train.learner import Learner
+from agent.train.replay import NStepBuffer, Replay
+
+__all__ = ["EpochRecord", "FoldTraining", "Probe", "ProbeStats", "make_probe", "probe_stats", "train_fold"]
+
+_STEP_STRIDE = 1 << 40
+"""Philox step offset between folds: every (fold, step) has its own counter."""
+
+
+class EpochRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Learning-curve point of one epoch (host numbers)."""
+
+    fold: int
+    epoch: int
+    q_mean: float
+    q_spread: float
+    entropy: float
+    c51_loss: float
+    return_loss: float
+    grad_norm: float
+    reward_mean: float
+    """Mean normalised reward of the exploring environments during the epoch."""
+    explore_mix: list[float]
+    """Fractions of short, flat, long among the effective exploration actions."""
+    updates: int
+
+
+class Probe(NamedTuple):
+    """Fixed probe windows: decision bars of the training data with a flat agent history."""
+
+    t: Array
+    agent: Array
+
+
+class ProbeStats(NamedTuple):
+    q_mean: float
+    """Mean expected Q over probe windows and actions."""
+    q_spread: float
+    """Mean over probe windows of max_a Q - min_a Q."""
+    greedy_mix: list[float]
+    entropy: float
+
+
+class FoldTraining(NamedTuple):
+    epochs: list[EpochRecord]
+    drift_events: list[GateEvent]
+    q_initial: float
+    halted: bool
+
+
+def make_probe(data: EnvData, size: int) -> Probe:
+    """``size`` decision bars evenly spread over ``data`` (fewer if it has fewer)."""
+    xp = data.xp
+    starts = to_numpy(data.starts)
+    pick = starts[np.unique(np.linspace(0, starts.shape[0] - 1, size).astype(np.int64))]
+    t = xp.asarray(pick)
+    return Probe(t, xp.zeros((pick.shape[0], data.window, len(AGENT_FEATURES)), dtype=np.float32))
+
+
+def probe_stats(learner: Learner, data: EnvData, probe: Probe) -> ProbeStats:
+    """Q-mean, Q-spread and greedy action mix of the learner on the probe windows."""
+    q = to_numpy(learner.q_values(data.windows(probe.t, probe.agent))).astype(np.float64)
+    greedy = np.argmax(q, axis=1)
+    mix = [float(np.mean(greedy == a)) for a in range(len(ACTIONS))]
+    spread = float(np.mean(q.max(axis=1) - q.min(axis=1))) if q.size else 0.0
+    return ProbeStats(float(np.mean(q)) if q.size else 0.0, spread, mix, action_entropy(mix))
+
+
+def train_fold(
+    learner: Learner,
+    data: EnvData,
+    config: TrainConfig,
+    *,
+    fold: int,
+    seed: int,
+    deadline: float | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> FoldTraining:
+    """Train ``learner`` on ``data`` for ``config.epochs`` epochs (fresh replay and optimiser);
+    stop early when the Q-drift gate fails. ``deadline`` (``time.monotonic()`` seconds) raises
+    :class:`TrainTimeout` between steps; ``on_step`` is called after every lockstep step."""
+    xp, cfg = data.xp, config
+    rng = np.random.default_rng([seed, fold])
+    env = VecEnv(data, cfg.n_envs, reward_scale=cfg.reward_scale, seed=int(rng.integers(2**63)))
+    env.reset_random()
+    n_agent = len(AGENT_FEATURES)
+    nstep = NStepBuffer(cfg.n_step, cfg.gamma, n_envs=cfg.n_envs, window=data.window, n_agent=n_agent, xp=xp)
+    replay = Replay(cfg.replay_capacity, data.window, n_agent, xp)
+    learner.reset_optimizer()
+    probe = make_probe(data, cfg.probe_size)
+    q_prev = q_initial = probe_stats(learner, data, probe).q_mean
+    env_ids = xp.arange(cfg.n_envs, dtype=np.int64)
+    epochs: list[EpochRecord] = []
+    drift: list[GateEvent] = []
+    step = 0
+    credit = 0.0
+    for epoch in range(cfg.epochs):
+        losses: list[tuple[float, float, float]] = []
+        reward_sum = 0.0
+        counts = np.zeros(len(ACTIONS))
+        for _ in range(cfg.steps_per_epoch):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TrainTimeout("the time limit was reached during training")
+            before = (env.t.copy(), env.agent.copy())
+            counter = xp.full(cfg.n_envs, fold * _STEP_STRIDE + step, dtype=np.int64)
+            actions = learner.explore(env.observe(), env_ids, counter)
+            res = env.step(actions)
+            step += 1
+            batch = nstep.push(before, res.action, res.reward, res.done, (env.t.copy(), env.agent.copy()))
+            if batch is not None:
+                replay.add(batch)
+            if bool(res.done.any()):
+                env.reset_random(res.done)
+            reward_sum += float(res.reward.sum())
+            counts += np.bincount(to_numpy(res.action), minlength=len(ACTIONS))
+            credit += cfg.updates_per_step
+            while credit >= 1.0:
+                credit -= 1.0
+                if replay.size >= max(cfg.learning_starts, cfg.batch_size):
+                    losses.append(learner.update(data, replay.sample(rng, cfg.batch_size)))
+            if on_step is not None:
+                on_step()
+        stats = probe_stats(learner, data, probe)
+        arr = np.array(losses) if losses else np.full((1, 3), np.nan)
+        epochs.append(
+            EpochRecord(
+                fold=fold,
+                epoch=epoch,
+                q_mean=stats.q_mean,
+                q_spread=stats.q_spread,
+                entropy=stats.entropy,
+                c51_loss=float(np.nanmean(arr[:, 0])) if losses else float("nan"),
+                return_loss=float(np.nanmean(arr[:, 1])) if losses else float("nan"),
+                grad_norm=float(np.nanmean(arr[:, 2])) if np.isfinite(arr[:, 2]).any() else float("nan"),
+                reward_mean=reward_sum / (cfg.steps_per_epoch * cfg.n_envs),
+                explore_mix=(counts / max(counts.sum(), 1.0)).tolist(),
+                updates=learner.updates,
+            )
+        )
+        event = q_drift(stats.q_mean, q_prev, cfg, fold_index=fold, epoch=epoch)
+        drift.append(event)
+        if not event.passed:
+            return FoldTraining(epochs, drift, q_initial, halted=True)
+        q_prev = stats.q_mean
+    return FoldTraining(epochs, drift, q_initial, halted=False)
