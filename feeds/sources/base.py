@@ -28,9 +28,7 @@ import collections
 import enum
 import logging
 import time
-from collections.abc import Callable
 from types import TracebackType
-from typing import TypeVar
 
 import numpy as np
 
@@ -40,8 +38,6 @@ from feeds.sources.events import BatchPart, HealthEvent, HealthKind, RecordBatch
 __all__ = ["QueuedSource", "Source", "SourceState"]
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 
 class SourceState(enum.StrEnum):
@@ -156,9 +152,9 @@ class QueuedSource(Source):
     """A source whose events are produced by callbacks (same loop) or other threads.
 
     ``max_batches`` bounds the record batches waiting for the consumer; beyond it new batches are
-    dropped and counted. Producers on the event loop call :meth:`_emit_records` /
-    :meth:`_emit_health` / :meth:`_finish`; producers on other threads use the ``*_threadsafe``
-    variants (which hop onto the loop with ``call_soon_threadsafe``).
+    dropped and counted. Producers call :meth:`_emit_records` / :meth:`_emit_health` /
+    :meth:`_finish` on the event loop; producers on other threads hop onto it first (see
+    :class:`feeds.sources.thread_bridge.ThreadBridge`).
     """
 
     def __init__(self, name: str, *, max_batches: int, stale_after_s: float) -> None:
@@ -173,11 +169,6 @@ class QueuedSource(Source):
         self._room = asyncio.Event()
         self._dropping = 0
         self._stale = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().start()
 
     async def _wait_for_room(self) -> None:
         """Wait until the queue can take a batch (for producers that can apply back-pressure,
@@ -221,24 +212,6 @@ class QueuedSource(Source):
     def _finish(self, error: FeedError | None = None) -> None:
         """The producer is done (loop thread only); iteration ends, or raises ``error``."""
         self._push(_End(error))
-
-    def _emit_records_threadsafe(self, records: np.ndarray) -> None:
-        self._call_threadsafe(self._emit_records, records)
-
-    def _emit_health_threadsafe(self, event: HealthEvent) -> None:
-        self._call_threadsafe(self._emit_health, event)
-
-    def _finish_threadsafe(self, error: FeedError | None = None) -> None:
-        self._call_threadsafe(self._finish, error)
-
-    def _call_threadsafe(self, fn: Callable[[_T], object], arg: _T) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(fn, arg)
-        except RuntimeError:  # the loop closed between the check and the call
-            return
 
     def _push(self, item: SourceEvent | _End) -> None:
         self._items.append(item)

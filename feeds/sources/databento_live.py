@@ -164,14 +164,18 @@ class DatabentoLiveSource(QueuedSource):
         if isinstance(record, databento_dbn.MBP10Msg):
             bridge.put(bytes(record))
         elif isinstance(record, databento_dbn.SymbolMappingMsg):
-            self._call_threadsafe(self._map_symbol, (record.instrument_id, record.stype_out_symbol))
+            mapping = (int(record.instrument_id), str(record.stype_out_symbol))
+            bridge.call(lambda: self._map_symbol(mapping))
         elif isinstance(record, databento_dbn.ErrorMsg):
-            self._call_threadsafe(self._gateway_error, record.err)
+            text = str(record.err)
+            bridge.call(lambda: self._gateway_error(text))
         elif isinstance(record, databento_dbn.SystemMsg) and not record.is_heartbeat():
             log.info("%s: gateway: %s", self.name, record.msg)
 
     def _on_reconnect(self, gap_start: Any, gap_end: Any) -> None:
-        self._call_threadsafe(self._report_reconnect, (_ns(gap_start), _ns(gap_end)))
+        gap = (_ns(gap_start), _ns(gap_end))
+        if self._bridge is not None:
+            self._bridge.call(lambda: self._report_reconnect(gap))
 
     def _on_callback_error(self, exc: Exception) -> None:
         log.error("%s: error in a live callback: %r", self.name, exc)
