@@ -28,6 +28,7 @@ not computed here.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import struct
 from collections.abc import Iterable, Sequence
@@ -163,7 +164,7 @@ class _Carry:
     """State handed from one kernel call to the next (all from records before the call)."""
 
     prev: PrevTop | None = None  # health rules
-    last_rows: tuple[np.ndarray, ...] | None = None  # (bid_px, ask_px, bid_sz, ask_sz), (1, LEVELS)
+    last_words: np.ndarray | None = None  # the last record as int64 words, (_WORDS,)
     last_ok: bool = False  # last record healthy
     last_clock: int = 0  # clock (max ts_recv) of the last record, 0 = none
     last_index: int = -1
@@ -188,6 +189,99 @@ def _log_ratio(cur: np.ndarray, prev: np.ndarray) -> np.ndarray:
     """``log(cur / prev)`` where both are positive, else 0 (float64)."""
     ok = (cur > 0) & (prev > 0)
     return np.log(np.where(ok, cur, 1.0) / np.where(ok, prev, 1.0))
+
+
+_WORDS = MBP10_DTYPE.itemsize // 8  # a record as int64 words
+_LEVEL_WORD = MBP10_DTYPE.fields["bid_px_00"][1] // 8  # type: ignore[index]
+_BID_PX = _LEVEL_WORD + 4 * np.arange(LEVELS)  # word of level k's bid price
+_ASK_PX = _BID_PX + 1
+_SIZES = _BID_PX + 2  # bid size in the low 32 bits, ask size in the high 32 bits
+_LOW32 = np.int64(0xFFFFFFFF)
+
+
+def _prev_words(
+    words: np.ndarray, carried: np.ndarray | None, rows: np.ndarray, cols: np.ndarray
+) -> np.ndarray:
+    """``words[rows - 1, cols]``, with row -1 the carried record (row 0 itself when none)."""
+    out: np.ndarray = words[np.maximum(rows - 1, 0), cols]
+    if carried is not None:
+        first = rows == 0
+        out[first] = carried[cols[first]]
+    return out
+
+
+def _bar_ofi(
+    words: np.ndarray, carried: np.ndarray | None, pair_ok: np.ndarray, ends: np.ndarray
+) -> np.ndarray:
+    """Multi-level order-flow imbalance per bar and level, int64 ``(n_bars, LEVELS)``, contracts.
+
+    Per record ``i`` and level ``m`` (Cont, Kukanov and Stoikov 2014; Xu, Gould and Howison 2018),
+    with ``b, qb`` the bid price and size at level ``m`` and ``a, qa`` the ask:
+
+        e_i = qb_i 1[b_i >= b_i-1] - qb_i-1 1[b_i <= b_i-1]
+              - qa_i 1[a_i <= a_i-1] + qa_i-1 1[a_i >= a_i-1]
+
+    summed over the records of the bar; an empty bid level counts as the lowest price, an empty
+    ask level (``UNDEF_PRICE``) as the highest. Record ``i - 1`` of the first record is the
+    carried record (``carried``, the previous record as int64 words) or, at the start of the
+    stream, the record itself (no flow). A pair with an unhealthy record (``pair_ok`` false)
+    contributes nothing.
+
+    Computed without a dense pass over sizes: where prices are unchanged ``e`` is the size
+    change, which telescopes over a bar to (size at the bar's last record - size at the previous
+    bar's last record); the records where a level's price changed (sparse) and the excluded
+    pairs are corrected exactly. All in integers: the result does not depend on how records are
+    grouped into calls.
+    """
+    n = words.shape[0]
+    n_bars = ends.shape[0]
+    first = carried if carried is not None else words[0]
+    last = ends - 1
+    size_end = np.where((last >= 0)[:, None], words[np.maximum(last, 0)][:, _SIZES], first[_SIZES])
+    size_prev = np.empty_like(size_end)
+    size_prev[0] = first[_SIZES]
+    size_prev[1:] = size_end[:-1]
+    ofi: np.ndarray = ((size_end & _LOW32) - (size_prev & _LOW32)) - ((size_end >> 32) - (size_prev >> 32))
+
+    bars: list[np.ndarray] = []
+    levels: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for cols, is_bid in ((_BID_PX, True), (_ASK_PX, False)):
+        px = words[:, cols[0] : cols[-1] + 1 : 4].copy()
+        flat = np.flatnonzero(px[1:] != px[:-1])
+        rows, lev = flat // LEVELS + 1, flat % LEVELS
+        if carried is not None:
+            lev0 = np.flatnonzero(px[0] != carried[cols])
+            rows = np.concatenate((np.zeros(lev0.shape[0], rows.dtype), rows))
+            lev = np.concatenate((lev0, lev))
+        keep = pair_ok[rows]
+        rows, lev = rows[keep], lev[keep]
+        p1 = px[rows, lev]
+        p0 = _prev_words(words, carried, rows, cols[lev])
+        s1 = words[rows, _SIZES[lev]]
+        s0 = _prev_words(words, carried, rows, _SIZES[lev])
+        if is_bid:
+            p1 = np.where(p1 == UNDEF_PRICE, -1, p1)
+            p0 = np.where(p0 == UNDEF_PRICE, -1, p0)
+            val = np.where(p1 > p0, s0 & _LOW32, 0) - np.where(p1 < p0, s1 & _LOW32, 0)
+        else:
+            val = np.where(p1 > p0, s1 >> 32, 0) - np.where(p1 < p0, s0 >> 32, 0)
+        bars.append(np.searchsorted(ends, rows, side="right"))
+        levels.append(lev)
+        values.append(val)
+    bad = np.flatnonzero(~pair_ok)
+    if bad.shape[0]:
+        now = words[bad][:, _SIZES]
+        before = np.stack([_prev_words(words, carried, np.full(LEVELS, i), _SIZES) for i in bad.tolist()])
+        change = ((now & _LOW32) - (before & _LOW32)) - ((now >> 32) - (before >> 32))
+        bars.append(np.repeat(np.searchsorted(ends, bad, side="right"), LEVELS))
+        levels.append(np.tile(np.arange(LEVELS), bad.shape[0]))
+        values.append(-change.ravel())
+    flat = np.concatenate(bars) * LEVELS + np.concatenate(levels)
+    if flat.shape[0] and n:
+        sums = np.bincount(flat, weights=np.concatenate(values), minlength=n_bars * LEVELS)
+        ofi += sums.astype(np.int64).reshape(n_bars, LEVELS)
+    return ofi
 
 
 def _kernel(
@@ -232,27 +326,11 @@ def _kernel(
         monitor.observe(ts, faults)
         ok = (faults & RECORD_FAULTS) == 0
 
-        # multi-level order-flow imbalance per record (Cont-Kukanov-Stoikov, Xu et al.)
-        def ext(current: np.ndarray, carried: int) -> np.ndarray:
-            head = carry.last_rows[carried] if carry.last_rows is not None else current[:1]
-            return np.concatenate((head, current)).astype(np.int64, copy=False)
-
-        bpx = ext(lv.bid_px, 0)
-        bpx[bpx == UNDEF_PRICE] = -1  # an empty bid level is below every price
-        apx = ext(lv.ask_px, 1)
-        bsz = ext(lv.bid_sz, 2)
-        asz = ext(lv.ask_sz, 3)
-        b1, b0, a1, a0 = bpx[1:], bpx[:-1], apx[1:], apx[:-1]
-        e = np.where(b1 >= b0, bsz[1:], 0)
-        e -= np.where(b1 <= b0, bsz[:-1], 0)
-        e -= np.where(a1 <= a0, asz[1:], 0)
-        e += np.where(a1 >= a0, asz[:-1], 0)
+        words = records.view(np.int64).reshape(n, _WORDS)
         pair_ok = ok.copy()
         pair_ok[1:] &= ok[:-1]
-        pair_ok[0] &= carry.last_ok or carry.last_rows is None
-        if not pair_ok.all():
-            e[~pair_ok] = 0
-        ofi = _bar_sums(e, starts, ends)
+        pair_ok[0] &= carry.last_ok or carry.last_words is None
+        ofi = _bar_ofi(words, carry.last_words, pair_ok, ends)
 
         # trades: action T, side = aggressor
         is_trade = records["action"] == ACTION_TRADE
@@ -355,7 +433,7 @@ def _kernel(
         return frame, carry
     nxt = _Carry(
         prev=carry.prev,
-        last_rows=carry.last_rows,
+        last_words=carry.last_words,
         last_ok=bool(last_ok_bar[-1]),
         last_clock=int(last_clock[-1]),
         last_index=int(close_index[-1]),
@@ -367,7 +445,7 @@ def _kernel(
     )
     if n:
         nxt.prev = prev_top_of(records, bid, ask, carry.prev)
-        nxt.last_rows = tuple(np.array(a[-1:]) for a in lv)
+        nxt.last_words = words[-1].copy()
     return frame, nxt
 
 
@@ -380,6 +458,11 @@ def _stale_ns(health: HealthConfig) -> int:
     if not health.stale_after_s > 0:
         raise FeedError(f"feeds.health.stale_after_s must be positive, got {health.stale_after_s!r}")
     return round(health.stale_after_s * 1e9)
+
+
+_CHUNK_RECORDS = 1 << 13
+"""The vectorised path runs the kernel over groups of whole bars of about this many records:
+small temporaries stay in cache and are reused, and the carry makes the grouping invisible."""
 
 
 def _compute(
@@ -396,14 +479,24 @@ def _compute(
         np.maximum.accumulate(records["ts_recv"].astype(np.int64)) if len(records) else np.zeros(0, np.int64)
     )
     plan = plan_bars(clock, bars, stale_ns)
-    if plan.ends.shape[0] == 0:
+    n_bars = plan.ends.shape[0]
+    if n_bars == 0:
         return BarFrame.empty(spec.instrument_id, spec.symbol)
-    used = int(plan.ends[-1])
-    base = positions[:used] if isinstance(positions, np.ndarray) else positions
-    frame, _ = _kernel(
-        records[:used], plan, _Carry(), spec=spec, health=health, monitor=monitor, index_base=base
-    )
-    return frame
+    targets = np.arange(_CHUNK_RECORDS, int(plan.ends[-1]), _CHUNK_RECORDS)
+    cuts = np.unique(np.searchsorted(plan.ends, targets, side="left") + 1)
+    bounds = [0, *cuts[cuts < n_bars].tolist(), n_bars]
+    carry = _Carry()
+    frames = []
+    for b0, b1 in itertools.pairwise(bounds):
+        r0 = int(plan.ends[b0 - 1]) if b0 else 0
+        r1 = int(plan.ends[b1 - 1])
+        part = BarPlan(ends=plan.ends[b0:b1] - r0, close_ts=plan.close_ts[b0:b1])
+        base = positions[r0:r1] if isinstance(positions, np.ndarray) else positions + r0
+        frame, carry = _kernel(
+            records[r0:r1], part, carry, spec=spec, health=health, monitor=monitor, index_base=base
+        )
+        frames.append(frame)
+    return frames[0] if len(frames) == 1 else BarFrame.concat(frames)
 
 
 def compute_bars(
@@ -490,6 +583,7 @@ class IncrementalBars:
         self._n_seen = 0
         self._gap = False  # a gap was reported in the open bar
         self._gap_open = False  # the gap episode waits for the next record
+        self._stale_open = False  # the clock found the feed stale; the next record ends it
 
     @property
     def records_seen(self) -> int:
@@ -500,17 +594,10 @@ class IncrementalBars:
         if self._n_open:
             raw = bytes(self._buf[-_RECORD_SIZE:])
             return BookSnapshot.from_record(np.frombuffer(raw, MBP10_DTYPE))
-        rows = self._carry.last_rows
-        if rows is None:
+        words = self._carry.last_words
+        if words is None:
             return None
-        return BookSnapshot(
-            instrument_id=self.spec.instrument_id,
-            ts_recv=self._carry.last_clock,
-            bid_px=tuple(int(x) for x in rows[0][0]),
-            ask_px=tuple(int(x) for x in rows[1][0]),
-            bid_sz=tuple(int(x) for x in rows[2][0]),
-            ask_sz=tuple(int(x) for x in rows[3][0]),
-        )
+        return BookSnapshot.from_record(words.view(MBP10_DTYPE))
 
     def push(self, record: bytes | bytearray | memoryview) -> BarFrame | None:
         """Add one raw MBP-10 record of this instrument; return the bars it closes (or ``None``).
@@ -526,6 +613,9 @@ class IncrementalBars:
         if iid != self.spec.instrument_id:
             raise UnknownInstrument(f"record of instrument {iid} pushed to {self.spec.symbol}")
         out = None
+        if self._stale_open:
+            self._stale_open = False
+            self.monitor.silence(self._clock.clock_ts, ts, self._stale_ns)
         closes = self._clock.on_record(ts)
         if closes:
             out = self._close(closes)
@@ -554,6 +644,7 @@ class IncrementalBars:
         """Judge the feed at the caller's clock ``now_ns`` (UNIX ns): open a stale episode when
         nothing came for ``stale_after_s`` and close the time bars due strictly before now."""
         if self._n_seen and now_ns - self._clock.clock_ts > self._stale_ns:
+            self._stale_open = True
             self.monitor.silence(self._clock.clock_ts, None, self._stale_ns)
         closes = self._clock.on_clock(now_ns)
         return self._close(closes) if closes else None

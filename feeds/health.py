@@ -219,6 +219,7 @@ class HealthMonitor:
         self.counters: dict[Check, int] = dict.fromkeys(Check, 0)
         self.episodes: list[HealthEpisode] = []
         self._open: dict[Check, HealthEpisode] = {}
+        self._stale_start = -1
 
     @property
     def state(self) -> HealthState:
@@ -252,12 +253,10 @@ class HealthMonitor:
 
     def observe(self, ts_recv: np.ndarray, faults: np.ndarray) -> None:
         """Account the fault masks ``faults`` (uint8 ``(n,)``) of records received at
-        ``ts_recv`` (UNIX ns ``(n,)``), in arrival order; also ends an open stale episode."""
+        ``ts_recv`` (UNIX ns ``(n,)``), in arrival order."""
         n = faults.shape[0]
         if n == 0:
             return
-        if Check.STALE in self._open:
-            self._end(Check.STALE, int(ts_recv[0]))
         seen = int(np.bitwise_or.reduce(faults))
         for check in _RECORD_CHECKS:
             if not (seen & check.bit) and check not in self._open:
@@ -281,15 +280,17 @@ class HealthMonitor:
                 self._open[check].count += int(running[-1]) - (int(running[open_at - 1]) if open_at else 0)
 
     def silence(self, last_ns: int, until_ns: int | None, stale_ns: int) -> None:
-        """Record a stale episode when nothing came from ``last_ns`` to ``until_ns`` (the next
-        record, or ``None`` with the clock past ``last_ns + stale_ns``: still open)."""
-        if Check.STALE in self._open:
-            if until_ns is not None:
-                self._end(Check.STALE, until_ns)
-            return
-        self.counters[Check.STALE] += 1
-        self._start(Check.STALE, last_ns + stale_ns, 1)
-        if until_ns is not None:
+        """Nothing came from ``last_ns`` until ``until_ns`` (the next record's ``ts_recv``), or
+        ``None`` while nothing has come yet and the clock is past ``last_ns + stale_ns``.
+
+        The stale episode starts at ``last_ns + stale_ns``; reporting the same silence again
+        (the live clock first, the record later) only ends it."""
+        start = last_ns + stale_ns
+        if start != self._stale_start:
+            self._stale_start = start
+            self.counters[Check.STALE] += 1
+            self._start(Check.STALE, start, 1)
+        if until_ns is not None and Check.STALE in self._open:
             self._end(Check.STALE, until_ns)
 
     def gap(self, at_ns: int) -> None:
