@@ -30,7 +30,7 @@ from agent.execution.config import BrokerConfig
 from agent.model.config import ModelConfig
 from agent.policy.config import PolicyConfig
 from agent.policy.regime import RegimeConfig
-from feeds.config import FeedsConfig
+from feeds.config import FeedsConfig, SynthConfig
 from storage.config import StorageConfig
 
 __all__ = ["Config", "ConfigError", "load_config"]
@@ -60,6 +60,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
     feeds: FeedsConfig = msgspec.field(default_factory=FeedsConfig)
+    synth: SynthConfig = msgspec.field(default_factory=SynthConfig)
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     regime: RegimeConfig = msgspec.field(default_factory=RegimeConfig)

@@ -18,6 +18,7 @@ __all__ = [
     "RecorderConfig",
     "RelayConfig",
     "SourceConfig",
+    "SynthConfig",
 ]
 
 
@@ -109,6 +110,44 @@ class RecorderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """Written records are flushed to disk (and their messages acknowledged) this often."""
     fetch_batch: Annotated[int, msgspec.Meta(ge=1)] = 256
     """NATS messages pulled per fetch."""
+
+
+class SynthConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The synthetic MBP-10 generator (``tradeagent synth``); ``feeds/synth.py`` states the model.
+
+    Instruments, tick sizes and session hours come from ``feeds.instruments``.
+    """
+
+    days: Annotated[int, msgspec.Meta(ge=1)] = 5
+    """Trading days to write (weekdays from ``start_date``), one file per day."""
+    start_date: Annotated[str, msgspec.Meta(pattern=r"^\d{4}-\d{2}-\d{2}$")] = "2024-01-02"
+    events_per_second: Annotated[float, msgspec.Meta(gt=0)] = 6.0
+    """Base book-event rate per instrument (x the regime's activity); ~125k records per 6.5-hour day."""
+    signal: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    """Strength of the planted order-flow-imbalance signal; 0 gives a martingale mid."""
+    signal_window_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    """The order-flow imbalance that leads price moves is summed over this many seconds."""
+    dataset: str = "SYNTH"
+    calm_minutes: Annotated[float, msgspec.Meta(gt=0)] = 40.0
+    """Mean length of an ordinary calm stretch."""
+    long_calm_minutes: Annotated[float, msgspec.Meta(gt=0)] = 180.0
+    """Mean length of a long calm stretch."""
+    long_calm_probability: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.35
+    """Chance that a calm stretch is a long one."""
+    active_minutes: Annotated[float, msgspec.Meta(gt=0)] = 20.0
+    """Mean length of an active stretch."""
+    calm_activity: Annotated[float, msgspec.Meta(gt=0)] = 0.5
+    """Event-rate multiplier in calm stretches."""
+    active_activity: Annotated[float, msgspec.Meta(gt=0)] = 2.5
+    calm_move_probability: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.02
+    """Chance that a book event in a calm stretch moves the price by one tick."""
+    active_move_probability: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.06
+    mean_order_size: Annotated[float, msgspec.Meta(ge=1)] = 4.0
+    """Mean size (contracts) of one add, cancel or trade."""
+    start_prices: dict[str, float] = msgspec.field(default_factory=lambda: {"ES": 5000.0, "NQ": 18000.0})
+    """Opening price of the first day per symbol; later days open at the previous close."""
+    default_start_price: Annotated[float, msgspec.Meta(gt=0)] = 1000.0
+    """Opening price of symbols missing from ``start_prices``."""
 
 
 class FeedsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
