@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from agent.policy.config import PolicyConfig
 
-__all__ = ["MAX_NEWTON_ITERATIONS", "KellySizing", "kelly_fraction_exact", "kelly_size_ref"]
+__all__ = ["MAX_NEWTON_ITERATIONS", "KellySizing", "kelly_fraction_exact", "kelly_size_ref", "regime_clamp"]
 
 MAX_NEWTON_ITERATIONS = 20
 _TOL = 1e-12
@@ -90,12 +90,19 @@ def kelly_fraction_exact(returns: npt.ArrayLike, probs: npt.ArrayLike) -> npt.ND
     return f_star
 
 
+def regime_clamp(regime_scale: npt.ArrayLike, scale_floor: float) -> npt.NDArray[np.float64]:
+    """The regime scale applied to sizes: clamp to [scale_floor, 1]; NaN or inf -> scale_floor."""
+    raw = np.asarray(regime_scale, dtype=np.float64)
+    return np.clip(np.where(np.isfinite(raw), raw, scale_floor), scale_floor, 1.0)
+
+
 def kelly_size_ref(
     ret_probs: npt.ArrayLike,
     bin_ticks: npt.ArrayLike,
     direction: npt.ArrayLike,
     tick_value: npt.ArrayLike,
     regime_scale: npt.ArrayLike,
+    *,
     policy: PolicyConfig,
 ) -> KellySizing:
     """Target positions from the return head.
@@ -121,7 +128,6 @@ def kelly_size_ref(
     if trade.any():
         f_star[trade] = kelly_fraction_exact(returns[trade], p[trade])
     size = np.clip(policy.kelly_fraction * f_star, 0.0, 1.0)
-    raw = np.asarray(regime_scale, dtype=np.float64)
-    scale = np.clip(np.where(np.isfinite(raw), raw, policy.scale_floor), policy.scale_floor, 1.0)
+    scale = regime_clamp(regime_scale, policy.scale_floor)
     target = (d * np.floor(size * scale * policy.max_contracts)).astype(np.int32)
     return KellySizing(target, size, f_star, mean, scale)

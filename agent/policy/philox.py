@@ -53,7 +53,12 @@ def philox4x32(counter: npt.ArrayLike, key: npt.ArrayLike) -> npt.NDArray[np.uin
     for _ in range(_ROUNDS):
         p0 = _M0 * c0  # both factors < 2**32: the 64-bit product cannot overflow
         p1 = _M1 * c2
-        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _MASK, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & _MASK
+        c0, c1, c2, c3 = (
+            (p1 >> np.uint64(32)) ^ c1 ^ k0,
+            p1 & _MASK,
+            (p0 >> np.uint64(32)) ^ c3 ^ k1,
+            p0 & _MASK,
+        )
         k0 = (k0 + _W0) & _MASK
         k1 = (k1 + _W1) & _MASK
     return np.stack(np.broadcast_arrays(c0, c1, c2, c3), axis=-1).astype(np.uint32)

@@ -1,0 +1,214 @@
+"""``tradeagent bench infer``: decision latency and throughput of the inference engine, and the
+training-step throughput of the model code, on the CPU or a CUDA device.
+
+Keys (README "Benchmarks"):
+
+* ``device``: the backend measured; ``floor_kind`` says what the floor is.
+* ``floor_us``: CUDA: one empty kernel launch + stream synchronisation from Python (median);
+  CPU: one trivial NumPy call (``np.add`` on one element), the CPU's equivalent floor.
+* ``p50_us_b1``, ``p99_us_b1``, ``p50_us_b64``, ``p99_us_b64``: wall time of one
+  :meth:`InferenceEngine.decide` call (window push to sized targets, host in and out) at 1 and
+  64 instruments; ``*_vs_floor``: the same over ``floor_us``.
+* ``decisions_per_s_b4096``: decisions per second at 4096 instruments per call (K from the model
+  configuration, 32 by default).
+* ``train_samples_per_s``: samples per second of forward + backward + gradient clipping + Adam
+  at batch ``--train-batch`` (4096), the model package's own code on the chosen device.
+* With ``--device cuda``, ``decisions_per_s_vs_cpu`` and ``train_vs_cpu``: the ratios to the
+  CPU path measured in the same run (``cpu_decisions_per_s_b4096``, ``cpu_train_samples_per_s``),
+  unless ``--no-cpu-reference``.
+
+The model has random weights of the configured shape (speed does not depend on the values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+
+from agent.config import Config
+from agent.gpu.backend import Backend, select_backend
+from agent.gpu.engine import InferenceEngine
+from agent.kernels.loader import cupy
+from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
+from agent.model.config import ModelConfig
+from agent.model.losses import c51_loss_and_grad, return_loss_and_grad
+from agent.model.network import backward, forward
+from agent.model.optim import Adam, clip_grad_norm
+from agent.model.params import init_params
+
+__all__ = ["add_arguments", "run"]
+
+_THROUGHPUT_BATCH = 4096
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), help="backend to measure (default: the config's device)"
+    )
+    parser.add_argument("--features", type=int, default=32, help="features per bar F (default 32)")
+    parser.add_argument("--iterations", type=int, default=2000, help="timed decisions per latency figure")
+    parser.add_argument("--train-batch", type=int, default=4096, help="batch of the training-step figure")
+    parser.add_argument(
+        "--no-cpu-reference", action="store_true", help="with --device cuda, skip the CPU path's figures"
+    )
+
+
+def _checkpoint(cfg: ModelConfig, seed: int) -> Checkpoint:
+    rng = np.random.default_rng(seed)
+    params = init_params(cfg, rng)
+    data = checkpoint_to_bytes(
+        params,
+        cfg,
+        feature_names=[f"f{i}" for i in range(cfg.n_features)],
+        norm_mean=np.zeros(cfg.n_features, dtype=np.float32),
+        norm_std=np.ones(cfg.n_features, dtype=np.float32),
+    )
+    return checkpoint_from_bytes(data)
+
+
+def _percentiles_us(samples: list[float]) -> tuple[float, float]:
+    us = np.asarray(samples) * 1e6
+    return float(np.percentile(us, 50)), float(np.percentile(us, 99))
+
+
+def _floor_us(backend: Backend, iterations: int) -> float:
+    samples: list[float] = []
+    if backend.is_cuda:
+        cp = cupy()
+        noop = cp.RawKernel('extern "C" __global__ void noop() {}', "noop")
+        stream = cp.cuda.Stream(non_blocking=True)
+        for _ in range(100):
+            noop((1,), (1,), (), stream=stream)
+            stream.synchronize()
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            noop((1,), (1,), (), stream=stream)
+            stream.synchronize()
+            samples.append(time.perf_counter() - t0)
+    else:
+        one = np.zeros(1)
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            np.add(one, 1.0, out=one)
+            samples.append(time.perf_counter() - t0)
+    return float(np.median(samples) * 1e6)
+
+
+def _decide_timer(engine: InferenceEngine, batch: int, seed: int) -> Callable[[], float]:
+    rng = np.random.default_rng(seed)
+    slots = np.arange(batch)
+    rows = rng.normal(size=(16, batch, engine.n_features)).astype(np.float32)
+    positions = np.zeros(batch, dtype=np.int32)
+    calls = [0]
+
+    def one() -> float:
+        i = calls[0] = calls[0] + 1
+        t0 = time.perf_counter()
+        engine.decide(slots, rows[i % 16], positions, 0.8)
+        return time.perf_counter() - t0
+
+    return one
+
+
+def _latency(
+    cfg: ModelConfig, config: Config, backend: Backend, batch: int, iterations: int
+) -> tuple[float, float]:
+    engine = InferenceEngine(
+        _checkpoint(cfg, 1), config.policy, [12.5] * batch, backend=backend, max_batch=max(batch, 64)
+    )
+    timer = _decide_timer(engine, batch, 2)
+    for _ in range(cfg.window + 50):  # fill the windows, warm caches and graphs
+        timer()
+    result = _percentiles_us([timer() for _ in range(iterations)])
+    engine.close()
+    return result
+
+
+def _decisions_per_s(cfg: ModelConfig, config: Config, backend: Backend, calls: int) -> float:
+    engine = InferenceEngine(
+        _checkpoint(cfg, 1),
+        config.policy,
+        [12.5] * _THROUGHPUT_BATCH,
+        backend=backend,
+        max_batch=_THROUGHPUT_BATCH,
+    )
+    timer = _decide_timer(engine, _THROUGHPUT_BATCH, 3)
+    for _ in range(3):
+        timer()
+    total = sum(timer() for _ in range(calls))
+    engine.close()
+    return _THROUGHPUT_BATCH * calls / total
+
+
+def _train_samples_per_s(cfg: ModelConfig, backend: Backend, batch: int, steps: int) -> float:
+    xp = backend.xp
+    rng = np.random.default_rng(4)
+    params = init_params(cfg, rng, xp)
+    opt = Adam(params)
+    x = xp.asarray(rng.normal(size=(batch, cfg.window, cfg.n_features)).astype(np.float32))
+    actions = xp.asarray(rng.integers(0, cfg.n_actions, size=batch))
+    target = rng.random((batch, cfg.n_atoms)).astype(np.float32)
+    target_m = xp.asarray(target / target.sum(axis=1, keepdims=True))
+    bins = xp.asarray(rng.integers(0, cfg.return_bins, size=batch))
+
+    def step() -> None:
+        q, r, cache = forward(params, cfg, x)
+        _, gq = c51_loss_and_grad(q, actions, target_m)
+        _, gr = return_loss_and_grad(r, bins)
+        grads, _ = backward(params, cfg, cache, gq, gr)
+        clip_grad_norm(grads, 10.0)  # reads the norm back: one synchronisation per step
+        opt.update(params, grads)
+
+    step()
+    if backend.is_cuda:
+        cupy().cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if backend.is_cuda:
+        cupy().cuda.Device().synchronize()
+    return batch * steps / (time.perf_counter() - t0)
+
+
+def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
+    backend = select_backend(args.device or config.device)
+    cfg = config.model.with_features(args.features) if not config.model.n_features else config.model
+    cuda = backend.is_cuda
+    iterations = max(args.iterations, 100)
+    out: dict[str, Any] = {"device": backend.kind, "device_name": backend.description}
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("bench infer", total=6)
+
+        def phase(name: str) -> None:
+            progress.update(task, description=f"bench infer: {name}", advance=1)
+
+        out["floor_kind"] = "empty kernel launch + stream sync" if cuda else "trivial NumPy call (CPU)"
+        out["floor_us"] = _floor_us(backend, iterations)
+        phase("latency B=1")
+        out["p50_us_b1"], out["p99_us_b1"] = _latency(cfg, config, backend, 1, iterations)
+        phase("latency B=64")
+        out["p50_us_b64"], out["p99_us_b64"] = _latency(cfg, config, backend, 64, iterations)
+        for key in ("p50_us_b1", "p99_us_b1", "p50_us_b64", "p99_us_b64"):
+            out[f"{key}_vs_floor"] = out[key] / out["floor_us"]
+        phase("throughput B=4096")
+        out["decisions_per_s_b4096"] = _decisions_per_s(cfg, config, backend, 50 if cuda else 2)
+        phase("training step")
+        out["train_batch"] = args.train_batch
+        out["train_samples_per_s"] = _train_samples_per_s(cfg, backend, args.train_batch, 20 if cuda else 1)
+        phase("CPU reference")
+        if cuda and not args.no_cpu_reference:
+            cpu = select_backend("cpu")
+            out["cpu_decisions_per_s_b4096"] = _decisions_per_s(cfg, config, cpu, 1)
+            out["cpu_train_samples_per_s"] = _train_samples_per_s(cfg, cpu, args.train_batch, 1)
+            out["decisions_per_s_vs_cpu"] = out["decisions_per_s_b4096"] / out["cpu_decisions_per_s_b4096"]
+            out["train_vs_cpu"] = out["train_samples_per_s"] / out["cpu_train_samples_per_s"]
+        phase("done")
+    out["window"] = cfg.window
+    out["features"] = cfg.n_features
+    return out

@@ -1,0 +1,225 @@
+// Fused Mamba2 + C51 + return-head forward for inference: one thread block evaluates one
+// K-bar window from zero state, embedding to both heads' logits, in shared memory.
+// Reference: agent/model/network.py forward() (through agent/kernels/mamba_forward.py).
+//
+// Shapes and the packed parameter layout come from the Python wrapper as macros:
+//   MF_K window, MF_F features, MF_D d_model, MF_L layers, MF_DI inner width, MF_H heads,
+//   MF_P headdim, MF_G groups, MF_N d_state, MF_W conv width, MF_NQ = A * atoms, MF_NR bins;
+//   OFF_* offsets into the packed float32 buffer (weights stored transposed, in x out order).
+// In the last block only the last time step feeds the heads, so its gate, norm, out_proj and
+// residual run for t = K-1 only (the scan still runs over the whole window).
+
+#define MF_CD (MF_DI + 2 * MF_G * MF_N)
+#define MF_IP (2 * MF_DI + 2 * MF_G * MF_N + MF_H)
+#define MF_EPS 1e-5f
+#define MF_THREADS 256
+#define MF_WARPS (MF_THREADS / 32)
+
+__device__ __forceinline__ float mf_sigmoid(float x) {
+    const float e = expf(-fabsf(x));
+    return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+
+__device__ __forceinline__ float mf_silu(float x) { return x * mf_sigmoid(x); }
+
+__device__ __forceinline__ float mf_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ float mf_warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// out[t, j] (+)= bias[j] + sum_k in[t, k] * Wt[k, j] for t in [t0, t0 + nt), j in [j0, j1).
+// Each work item owns one output column j and TG consecutive rows: one weight load feeds TG
+// multiply-adds; consecutive threads take consecutive j (coalesced weight loads, broadcast
+// shared-memory reads of `in`).
+template <int TG>
+__device__ __forceinline__ void mf_matmul(const float* in, int ldi, int kdim,
+                                          const float* __restrict__ Wt, int nout,
+                                          const float* __restrict__ bias, float* out, int ldo,
+                                          int j0, int j1, int t0, int nt, bool accumulate) {
+    const int nj = j1 - j0;
+    const int ntg = (nt + TG - 1) / TG;
+    for (int item = threadIdx.x; item < nj * ntg; item += MF_THREADS) {
+        const int j = j0 + item % nj;
+        const int tb = t0 + (item / nj) * TG;
+        int rows[TG];
+        float acc[TG];
+#pragma unroll
+        for (int i = 0; i < TG; ++i) {
+            rows[i] = min(tb + i, t0 + nt - 1) * ldi;
+            acc[i] = 0.0f;
+        }
+        for (int k = 0; k < kdim; ++k) {
+            const float w = __ldg(Wt + (size_t)k * nout + j);
+#pragma unroll
+            for (int i = 0; i < TG; ++i) acc[i] += in[rows[i] + k] * w;
+        }
+        const float b0 = bias != nullptr ? __ldg(bias + j) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < TG; ++i) {
+            if (tb + i < t0 + nt) {
+                float* o = out + (tb + i) * ldo + j;
+                *o = (accumulate ? *o : 0.0f) + b0 + acc[i];
+            }
+        }
+    }
+}
+
+// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K); one warp a row.
+__device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, const float* __restrict__ w,
+                                                int t0) {
+    const int lane = threadIdx.x & 31;
+    for (int t = t0 + (threadIdx.x >> 5); t < MF_K; t += MF_WARPS) {
+        const float* x = in + t * MF_D;
+        float ss = 0.0f;
+        for (int k = lane; k < MF_D; k += 32) ss += x[k] * x[k];
+        const float r = 1.0f / sqrtf(mf_warp_sum(ss) / (float)MF_D + MF_EPS);
+        for (int k = lane; k < MF_D; k += 32) out[t * MF_D + k] = x[k] * r * __ldg(w + k);
+    }
+}
+
+// P: packed parameters; window (slots, K, F) raw features; slot (B) int32 (< 0: padded row).
+// Out: q_logits (B, NQ), ret_logits (B, NR). Dynamic shared memory: (2 K D + K IP) floats.
+extern "C" __global__ void __launch_bounds__(MF_THREADS)
+mamba_forward_kernel(const float* __restrict__ P, const float* __restrict__ window,
+                     const int* __restrict__ slot, float* __restrict__ q_logits,
+                     float* __restrict__ ret_logits) {
+    extern __shared__ float sm[];
+    float* hs = sm;                  // residual stream (K, D)
+    float* us = hs + MF_K * MF_D;    // block input after the pre-norm (K, D)
+    float* zx = us + MF_K * MF_D;    // in_proj output (K, IP); first the normalised window
+    const int b = blockIdx.x;
+    const int s = slot[b];
+    if (s < 0) return;
+
+    const float* win = window + (size_t)s * MF_K * MF_F;
+    for (int i = threadIdx.x; i < MF_K * MF_F; i += MF_THREADS) {
+        const int f = i % MF_F;
+        zx[i] = (win[i] - __ldg(P + OFF_MEAN + f)) / __ldg(P + OFF_STD + f);
+    }
+    __syncthreads();
+    mf_matmul<8>(zx, MF_F, MF_F, P + OFF_EMB_WT, MF_D, P + OFF_EMB_B, hs, MF_D, 0, MF_D, 0, MF_K, false);
+    __syncthreads();
+
+    for (int layer = 0; layer < MF_L; ++layer) {
+        const float* blk = P + OFF_BLOCKS + (size_t)layer * BLK_STRIDE;
+        const bool last = layer == MF_L - 1;
+        const int t_out = last ? MF_K - 1 : 0;  // first time step whose output is needed
+
+        mf_rmsnorm_rows(hs, us, blk + BLK_NORM, 0);
+        __syncthreads();
+        // in_proj: x, B, C, dt for every step; z only where the output is needed.
+        mf_matmul<8>(us, MF_D, MF_D, blk + BLK_WIN_T, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP, 0, MF_K, false);
+        if (last) {
+            mf_matmul<1>(us, MF_D, MF_D, blk + BLK_WIN_T, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, t_out, 1, false);
+        } else {
+            mf_matmul<8>(us, MF_D, MF_D, blk + BLK_WIN_T, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, 0, MF_K, false);
+        }
+        __syncthreads();
+
+        // Causal depthwise conv + SiLU over the x, B, C channels, one channel per thread.
+        for (int c = threadIdx.x; c < MF_CD; c += MF_THREADS) {
+            float raw[MF_K];
+#pragma unroll
+            for (int t = 0; t < MF_K; ++t) raw[t] = zx[t * MF_IP + MF_DI + c];
+            float cw[MF_W];
+#pragma unroll
+            for (int k = 0; k < MF_W; ++k) cw[k] = __ldg(blk + BLK_CONV_W + c * MF_W + k);
+            const float cb = __ldg(blk + BLK_CONV_B + c);
+#pragma unroll
+            for (int t = 0; t < MF_K; ++t) {
+                float pre = 0.0f;
+#pragma unroll
+                for (int k = 0; k < MF_W; ++k) {
+                    const int src = t - MF_W + 1 + k;
+                    if (src >= 0) pre += raw[src] * cw[k];
+                }
+                zx[t * MF_IP + MF_DI + c] = mf_silu(cb + pre);
+            }
+        }
+        // dt = softplus(dt_raw + dt_bias)
+        for (int i = threadIdx.x; i < MF_K * MF_H; i += MF_THREADS) {
+            const int t = i / MF_H, h = i % MF_H;
+            float* v = zx + t * MF_IP + MF_DI + MF_CD + h;
+            *v = mf_softplus(*v + __ldg(blk + BLK_DT_BIAS + h));
+        }
+        __syncthreads();
+
+        // SSM scan from zero state, one (head, channel) per thread; y (with the D skip)
+        // overwrites x in place where it is needed.
+        for (int idx = threadIdx.x; idx < MF_DI; idx += MF_THREADS) {
+            const int h = idx / MF_P;
+            const int g = h / (MF_H / MF_G);
+            const float A = __ldg(blk + BLK_A + h);
+            const float Dh = __ldg(blk + BLK_D + h);
+            float state[MF_N];
+#pragma unroll
+            for (int n = 0; n < MF_N; ++n) state[n] = 0.0f;
+            for (int t = 0; t < MF_K; ++t) {
+                float* row = zx + t * MF_IP;
+                const float xv = row[MF_DI + idx];
+                const float dtv = row[MF_DI + MF_CD + h];
+                const float decay = expf(dtv * A);
+                const float dx = dtv * xv;
+                const float* Bt = row + 2 * MF_DI + g * MF_N;
+                const float* Ct = row + 2 * MF_DI + MF_G * MF_N + g * MF_N;
+                float y = 0.0f;
+#pragma unroll
+                for (int n = 0; n < MF_N; ++n) {
+                    state[n] = decay * state[n] + dx * Bt[n];
+                    y += state[n] * Ct[n];
+                }
+                if (t >= t_out) row[MF_DI + idx] = y + Dh * xv;
+            }
+        }
+        __syncthreads();
+
+        // Gate before the norm: v = y * silu(z); grouped RMSNorm; o = vhat * gnorm_w (in place).
+        {
+            const int lane = threadIdx.x & 31;
+            constexpr int GW = MF_DI / MF_G;
+            for (int rg = threadIdx.x >> 5; rg < (MF_K - t_out) * MF_G; rg += MF_WARPS) {
+                const int t = t_out + rg / MF_G, g = rg % MF_G;
+                float* row = zx + t * MF_IP;
+                float ss = 0.0f;
+                for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
+                    const float v = row[MF_DI + i] * mf_silu(row[i]);
+                    row[MF_DI + i] = v;
+                    ss += v * v;
+                }
+                const float r = 1.0f / sqrtf(mf_warp_sum(ss) / (float)GW + MF_EPS);
+                __syncwarp();
+                for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
+                    row[MF_DI + i] = row[MF_DI + i] * r * __ldg(blk + BLK_GNORM + i);
+                }
+            }
+        }
+        __syncthreads();
+
+        // out_proj and the residual: hs[t] += o[t] W_out^T.
+        if (last) {
+            mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, blk + BLK_WOUT_T, MF_D, nullptr, hs, MF_D, 0, MF_D,
+                         t_out, 1, true);
+        } else {
+            mf_matmul<8>(zx + MF_DI, MF_IP, MF_DI, blk + BLK_WOUT_T, MF_D, nullptr, hs, MF_D, 0, MF_D, 0,
+                         MF_K, true);
+        }
+        __syncthreads();
+    }
+
+    // Final RMSNorm of the last step, then both heads.
+    mf_rmsnorm_rows(hs, us, P + OFF_FINAL_NORM, MF_K - 1);
+    __syncthreads();
+    const float* feat = us + (MF_K - 1) * MF_D;
+    for (int j = threadIdx.x; j < MF_NQ + MF_NR; j += MF_THREADS) {
+        const bool q = j < MF_NQ;
+        const int jj = q ? j : j - MF_NQ;
+        const int n = q ? MF_NQ : MF_NR;
+        const float* Wt = P + (q ? OFF_Q_WT : OFF_R_WT);
+        float acc = __ldg(P + (q ? OFF_Q_B : OFF_R_B) + jj);
+        for (int k = 0; k < MF_D; ++k) acc += feat[k] * __ldg(Wt + k * n + jj);
+        (q ? q_logits : ret_logits)[(size_t)b * n + jj] = acc;
+    }
+}

@@ -1,0 +1,194 @@
+"""Fused inference forward of the network: ``mamba_forward()`` (``mamba_forward.cu``) and its
+reference ``mamba_forward_ref()`` (the model's own :func:`agent.model.network.forward`).
+
+The kernel reads one packed float32 buffer (:func:`pack_params`): the model's tensors, weight
+matrices transposed to (in, out) so that neighbouring threads read neighbouring outputs,
+``A = -exp(A_log)`` precomputed, and the feature normalisation statistics last. Shapes and
+offsets are compile-time constants (one compiled module per model shape, cached).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.kernels.loader import cupy, kernel
+from agent.model.config import ModelConfig
+from agent.model.network import forward
+from agent.model.params import block_prefix, param_shapes
+
+__all__ = ["ForwardLayout", "forward_layout", "mamba_forward", "mamba_forward_ref", "pack_params"]
+
+_THREADS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardLayout:
+    """Offsets (in floats) of the packed parameter buffer and the kernel's launch shape."""
+
+    offsets: dict[str, int]
+    """Global offsets (``OFF_*``) and offsets inside one block (``BLK_*``, plus BLK_STRIDE)."""
+    total: int
+    """Length of the packed buffer (floats)."""
+    shared_bytes: int
+    """Dynamic shared memory per thread block."""
+    options: tuple[str, ...]
+    """NVRTC ``-D`` options that fix the shapes and offsets."""
+
+
+def forward_layout(cfg: ModelConfig) -> ForwardLayout:
+    """The packed layout for ``cfg`` (``n_features`` resolved)."""
+    param_shapes(cfg)  # raises ModelError while n_features is unresolved
+    d, di, f = cfg.d_model, cfg.d_inner, cfg.n_features
+    n_q, n_r = cfg.n_actions * cfg.n_atoms, cfg.return_bins
+    block = {
+        "BLK_NORM": d,
+        "BLK_WIN_T": cfg.in_proj_dim * d,
+        "BLK_CONV_W": cfg.conv_dim * cfg.d_conv,
+        "BLK_CONV_B": cfg.conv_dim,
+        "BLK_DT_BIAS": cfg.n_heads,
+        "BLK_A": cfg.n_heads,
+        "BLK_D": cfg.n_heads,
+        "BLK_GNORM": di,
+        "BLK_WOUT_T": di * d,
+    }
+    offsets: dict[str, int] = {}
+    pos = 0
+    for name, size in block.items():
+        offsets[name] = pos
+        pos += size
+    offsets["BLK_STRIDE"] = pos
+    glob = {
+        "OFF_EMB_WT": f * d,
+        "OFF_EMB_B": d,
+        "OFF_BLOCKS": cfg.n_layers * pos,
+        "OFF_FINAL_NORM": d,
+        "OFF_Q_WT": d * n_q,
+        "OFF_Q_B": n_q,
+        "OFF_R_WT": d * n_r,
+        "OFF_R_B": n_r,
+        "OFF_MEAN": f,
+        "OFF_STD": f,
+    }
+    pos = 0
+    for name, size in glob.items():
+        offsets[name] = pos
+        pos += size
+    dims = {
+        "MF_K": cfg.window,
+        "MF_F": f,
+        "MF_D": d,
+        "MF_L": cfg.n_layers,
+        "MF_DI": di,
+        "MF_H": cfg.n_heads,
+        "MF_P": cfg.headdim,
+        "MF_G": cfg.ngroups,
+        "MF_N": cfg.d_state,
+        "MF_W": cfg.d_conv,
+        "MF_NQ": n_q,
+        "MF_NR": n_r,
+    }
+    options = tuple(f"-D{k}={v}" for k, v in (dims | offsets).items())
+    shared = 4 * (2 * cfg.window * d + cfg.window * cfg.in_proj_dim)
+    return ForwardLayout(offsets, pos, shared, options)
+
+
+def pack_params(
+    params: Mapping[str, npt.ArrayLike],
+    cfg: ModelConfig,
+    feature_mean: npt.ArrayLike,
+    feature_std: npt.ArrayLike,
+) -> npt.NDArray[np.float32]:
+    """The kernel's packed float32 buffer (host) from the model's parameter dict and the
+    checkpoint's normalisation statistics (F,) each. Shapes are those of
+    :func:`agent.model.params.param_shapes`; the caller validates them first."""
+    layout = forward_layout(cfg)
+    off = layout.offsets
+    out = np.empty(layout.total, dtype=np.float32)
+
+    def put(at: int, value: npt.ArrayLike) -> None:
+        flat = np.ascontiguousarray(value, dtype=np.float32).ravel()
+        out[at : at + flat.size] = flat
+
+    def tr(name: str) -> npt.NDArray[np.float32]:
+        return np.asarray(params[name], dtype=np.float32).T
+
+    put(off["OFF_EMB_WT"], tr("embed.W"))
+    put(off["OFF_EMB_B"], params["embed.b"])
+    for i in range(cfg.n_layers):
+        p = block_prefix(i)
+        base = off["OFF_BLOCKS"] + i * off["BLK_STRIDE"]
+        put(base + off["BLK_NORM"], params[p + "norm_w"])
+        put(base + off["BLK_WIN_T"], tr(p + "W_in"))
+        put(base + off["BLK_CONV_W"], params[p + "conv_w"])
+        put(base + off["BLK_CONV_B"], params[p + "conv_b"])
+        put(base + off["BLK_DT_BIAS"], params[p + "dt_bias"])
+        put(base + off["BLK_A"], -np.exp(np.asarray(params[p + "A_log"], dtype=np.float32)))
+        put(base + off["BLK_D"], params[p + "D"])
+        put(base + off["BLK_GNORM"], params[p + "gnorm_w"])
+        put(base + off["BLK_WOUT_T"], tr(p + "W_out"))
+    put(off["OFF_FINAL_NORM"], params["final_norm_w"])
+    put(off["OFF_Q_WT"], tr("q.W"))
+    put(off["OFF_Q_B"], params["q.b"])
+    put(off["OFF_R_WT"], tr("ret.W"))
+    put(off["OFF_R_B"], params["ret.b"])
+    put(off["OFF_MEAN"], feature_mean)
+    put(off["OFF_STD"], feature_std)
+    return out
+
+
+def mamba_forward_ref(
+    params: Mapping[str, npt.ArrayLike],
+    cfg: ModelConfig,
+    window: npt.ArrayLike,
+    slots: npt.ArrayLike,
+    *,
+    feature_mean: npt.ArrayLike,
+    feature_std: npt.ArrayLike,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Reference, upcast to float64: the model's forward on the normalised windows of ``slots``.
+
+    window (S, K, F) raw features; slots (B,) in [0, S). Returns q_logits (B, A, atoms) and
+    ret_logits (B, bins).
+    """
+    p64 = {name: np.asarray(value, dtype=np.float64) for name, value in params.items()}
+    raw = np.asarray(window, dtype=np.float64)[np.asarray(slots, dtype=np.int64)]
+    x = (raw - np.asarray(feature_mean, dtype=np.float64)) / np.asarray(feature_std, dtype=np.float64)
+    q, r, _ = forward(p64, cfg, x)
+    return q, r
+
+
+def mamba_forward(
+    packed: Any,
+    cfg: ModelConfig,
+    window: Any,
+    slots: Any,
+    *,
+    q_logits: Any = None,
+    ret_logits: Any = None,
+) -> tuple[Any, Any]:
+    """Device forward (CuPy): packed (total,) float32 from :func:`pack_params` (on the device),
+    window (S, K, F) float32, slots (B,) int32 (negative: padded row, outputs unwritten).
+
+    Returns q_logits (B, A * atoms) and ret_logits (B, bins), float32; outputs may be
+    preallocated (the engine passes its own buffers).
+    """
+    cp = cupy()
+    layout = forward_layout(cfg)
+    rows = slots.shape[0]
+    q_logits = cp.empty((rows, cfg.n_actions * cfg.n_atoms), cp.float32) if q_logits is None else q_logits
+    ret_logits = cp.empty((rows, cfg.return_bins), cp.float32) if ret_logits is None else ret_logits
+    fn = kernel("mamba_forward.cu", "mamba_forward_kernel", options=layout.options)
+    fn.max_dynamic_shared_size_bytes = layout.shared_bytes
+    if rows:
+        fn(
+            (rows,),
+            (_THREADS,),
+            (packed, window, slots, q_logits, ret_logits),
+            shared_mem=layout.shared_bytes,
+        )
+    return q_logits, ret_logits

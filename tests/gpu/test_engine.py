@@ -1,0 +1,198 @@
+"""The inference engine on the CPU path: bookkeeping, bad input, reproducibility, hot swap.
+
+The CUDA path runs the same scenarios in test_engine_cuda.py (GPU only).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from agent.gpu.backend import select_backend
+from agent.gpu.engine import Decision, InferenceEngine
+from agent.gpu.errors import InferenceError, ModelLoadError
+from agent.kernels.mamba_forward import mamba_forward_ref
+from agent.kernels.softmax_ev import softmax_ev_ref
+from agent.model.checkpoint import Checkpoint
+from agent.model.config import ModelConfig
+from agent.model.heads import c51_support, return_bin_centres
+from agent.policy.config import PolicyConfig
+from agent.policy.kelly import kelly_size_ref
+from agent.policy.thompson import thompson_ref
+from tests.gpu.conftest import SMALL, make_checkpoint
+
+POLICY = PolicyConfig(
+    seed=99, kelly_fraction=0.5, capital_per_contract=500.0, max_contracts=5, cost_per_contract=0.5
+)
+TICKS = [12.5, 5.0, 50.0, 12.5, 10.0, 12.5]
+
+
+def engine(ck: Checkpoint, device: str = "cpu", max_batch: int = 8) -> InferenceEngine:
+    return InferenceEngine(ck, POLICY, TICKS, backend=select_backend(device), max_batch=max_batch)  # type: ignore[arg-type]
+
+
+def bars(seed: int, n_bars: int, rows: int, n_features: int = SMALL.n_features) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n_bars, rows, n_features)).astype(np.float32)
+
+
+def feed(eng: InferenceEngine, history: np.ndarray, slots: list[int]) -> list[Decision]:
+    return [eng.decide(slots, rows, np.zeros(len(slots)), 0.8) for rows in history]
+
+
+def test_warm_up_then_decisions_follow_the_reference_pipeline() -> None:
+    ck = make_checkpoint(seed=1, scale=3.0)
+    eng = engine(ck)
+    slots = [4, 0, 2]
+    history = bars(2, SMALL.window + 3, len(slots))
+    decisions = feed(eng, history, slots)
+    assert [bool(d.valid.any()) for d in decisions[: SMALL.window - 1]] == [False] * (SMALL.window - 1)
+    assert all(d.valid.all() for d in decisions[SMALL.window - 1 :])
+    last = decisions[-1]
+    np.testing.assert_array_equal(last.step, np.full(3, SMALL.window + 2, dtype=np.uint64))
+    # Recompute the last decision from the references, step by step.
+    window = np.zeros((len(TICKS), SMALL.window, SMALL.n_features), dtype=np.float32)
+    window[slots] = history[-SMALL.window :].transpose(1, 0, 2)
+    q_logits, ret_logits = mamba_forward_ref(
+        ck.params, SMALL, window, slots, feature_mean=ck.norm_mean, feature_std=ck.norm_std
+    )
+    support, centres = c51_support(SMALL), return_bin_centres(SMALL)
+    probs, q, _ = softmax_ev_ref(q_logits.reshape(-1, SMALL.n_atoms), support)
+    np.testing.assert_allclose(last.q, q.reshape(3, 3), rtol=1e-4, atol=1e-4)
+    r_probs, r_mean, _ = softmax_ev_ref(ret_logits, centres)
+    np.testing.assert_allclose(last.ret_mean_ticks, r_mean, rtol=1e-4, atol=1e-4)
+    draw = thompson_ref(probs.reshape(3, 3, -1), support, POLICY.seed, slots, last.step)
+    np.testing.assert_array_equal(last.action, draw.action)
+    np.testing.assert_array_equal(last.direction, draw.action - 1)
+    sizing = kelly_size_ref(
+        r_probs, centres, draw.action - 1, np.array(TICKS)[slots], np.full(3, 0.8), policy=POLICY
+    )
+    np.testing.assert_array_equal(last.target, sizing.target)
+    assert last.model_sha256 == ck.sha256
+
+
+def test_unhealthy_or_non_finite_rows_keep_their_position_and_window() -> None:
+    ck = make_checkpoint(seed=1, scale=3.0)
+    eng = engine(ck)
+    history = bars(3, SMALL.window, 2)
+    feed(eng, history, [0, 1])
+    before = eng.decide([0, 1], history[-1], [3, -2], 1.0, healthy=True)
+    rows = history[-1].copy()
+    rows[1, 2] = np.nan
+    d = eng.decide([0, 1], rows, [3, -2], 1.0, healthy=[False, True])
+    assert not d.valid.any()
+    np.testing.assert_array_equal(d.target, [3, -2])
+    assert (d.size == 0).all()
+    # Neither window moved: the next healthy decision sees what it would have seen.
+    ref = engine(ck)
+    feed(ref, history, [0, 1])
+    ref.decide([0, 1], history[-1], [3, -2], 1.0)
+    ref.decide([0, 1], history[-1], [3, -2], 1.0, healthy=False)  # only advances the step
+    a = eng.decide([0, 1], history[-1], [0, 0], 1.0)
+    b = ref.decide([0, 1], history[-1], [0, 0], 1.0)
+    np.testing.assert_array_equal(a.q, b.q)
+    assert before.valid.all()
+
+
+@pytest.mark.parametrize(
+    ("slots", "rows", "message"),
+    [
+        ([0, 0], 2, "twice"),
+        ([6], 1, "out of range"),
+        ([-1], 1, "out of range"),
+        ([], 0, "slots must be"),
+        ([0, 1], 3, "features must be"),
+        ([0.5], 1, "integers"),
+    ],
+)
+def test_malformed_batches_raise_inference_error(slots: list[float], rows: int, message: str) -> None:
+    eng = engine(make_checkpoint())
+    with pytest.raises(InferenceError, match=message):
+        eng.decide(slots, np.zeros((rows, SMALL.n_features)), np.zeros(len(slots)), 1.0)
+
+
+def test_batch_larger_than_max_batch_is_refused() -> None:
+    eng = engine(make_checkpoint(), max_batch=2)
+    with pytest.raises(InferenceError, match="1 to 2"):
+        eng.decide([0, 1, 2], np.zeros((3, SMALL.n_features)), np.zeros(3), 1.0)
+
+
+def test_decisions_are_reproducible_and_independent_of_batch_order() -> None:
+    ck = make_checkpoint(seed=4, scale=3.0)
+    history = bars(5, SMALL.window + 10, 4)
+    a = feed(engine(ck), history, [0, 1, 2, 3])
+    b = feed(engine(ck), history[:, ::-1], [3, 2, 1, 0])
+    for da, db in zip(a, b, strict=True):
+        np.testing.assert_array_equal(da.action, db.action[::-1])
+        np.testing.assert_array_equal(da.target, db.target[::-1])
+    actions = np.concatenate([d.action for d in a[SMALL.window :]])
+    assert len(set(actions.tolist())) > 1  # the draws actually vary
+
+
+def test_hot_swap_switches_models_between_decisions() -> None:
+    old, new = make_checkpoint(seed=1, scale=3.0), make_checkpoint(seed=2, scale=3.0)
+    history = bars(6, SMALL.window + 2, 3)
+    eng = engine(old)
+    feed(eng, history, [0, 1, 2])
+    eng.load(new)
+    assert eng.model_sha256 == new.sha256
+    swapped = eng.decide([0, 1, 2], history[-1], np.zeros(3), 0.8)
+    # The same history decided by an engine that served `new` from the start: same windows,
+    # same steps, so the same decision.
+    fresh = engine(new)
+    feed(fresh, history, [0, 1, 2])
+    expected = fresh.decide([0, 1, 2], history[-1], np.zeros(3), 0.8)
+    assert swapped.model_sha256 == new.sha256
+    np.testing.assert_array_equal(swapped.q, expected.q)
+    np.testing.assert_array_equal(swapped.target, expected.target)
+
+
+def test_failed_load_leaves_the_serving_model_untouched() -> None:
+    ck = make_checkpoint(seed=1)
+    eng = engine(ck)
+    other_window = make_checkpoint(
+        ModelConfig(n_features=SMALL.n_features, window=4, d_model=8, headdim=4), seed=3
+    )
+    other_features = make_checkpoint(
+        ModelConfig(n_features=3, window=SMALL.window, d_model=8, headdim=4), seed=3
+    )
+    for bad in (other_window, other_features):
+        with pytest.raises(ModelLoadError, match="restart to change the window shape"):
+            eng.load(bad)
+        assert eng.model_sha256 == ck.sha256
+    d = eng.decide([0], np.zeros((1, SMALL.n_features)), [0], 1.0)
+    assert d.model_sha256 == ck.sha256
+
+
+def test_load_from_another_thread_never_mixes_models_within_a_decision() -> None:
+    old, new = make_checkpoint(seed=1, scale=3.0), make_checkpoint(seed=2, scale=3.0)
+    eng = engine(old)
+    ref_old, ref_new = engine(old), engine(new)
+    history = bars(7, 40, 2)
+    loader = threading.Thread(target=eng.load, args=(new,))
+    seen = set()
+    for i, rows in enumerate(history):
+        if i == 5:
+            loader.start()
+        d = eng.decide([0, 1], rows, np.zeros(2), 1.0)
+        r_old = ref_old.decide([0, 1], rows, np.zeros(2), 1.0)
+        r_new = ref_new.decide([0, 1], rows, np.zeros(2), 1.0)
+        ref = r_old if d.model_sha256 == old.sha256 else r_new
+        np.testing.assert_array_equal(d.q, ref.q)
+        seen.add(d.model_sha256)
+    loader.join()
+    assert eng.model_sha256 == new.sha256
+    assert new.sha256 in seen
+
+
+def test_closed_engine_refuses_to_decide() -> None:
+    eng = engine(make_checkpoint())
+    eng.close()
+    with pytest.raises(InferenceError, match="closed"):
+        eng.decide([0], np.zeros((1, SMALL.n_features)), [0], 1.0)
+
+
+def test_engine_rejects_bad_tick_values() -> None:
+    with pytest.raises(ModelLoadError, match="tick_values"):
+        InferenceEngine(make_checkpoint(), POLICY, [12.5, float("nan")], backend=select_backend("cpu"))
