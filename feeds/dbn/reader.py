@@ -20,6 +20,7 @@ import databento
 import databento_dbn
 import numpy as np
 import numpy.typing as npt
+from databento.common.dbnstore import FileDataSource
 from databento.common.error import BentoError, BentoWarning
 
 from feeds.dbn.framing import check_mbp10, concat_mbp10, take_mbp10
@@ -73,18 +74,22 @@ def dbn_files(path: str | Path) -> list[Path]:
 
 @contextmanager
 def _opened(path: Path) -> Iterator[databento.DBNStore]:
-    """A DBNStore over ``path`` whose file is closed on exit (DBNStore itself leaves that to the
-    garbage collector; ``store.reader.close()`` closes the file for plain and zstd data)."""
+    """A DBNStore over ``path`` whose file is closed on exit, also when the store cannot be
+    built (``DBNStore.from_file`` leaves that to the garbage collector)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", BentoWarning)
-            store = databento.DBNStore.from_file(path)
-    except (BentoError, BentoWarning, databento_dbn.DBNError, ValueError, OSError) as exc:
+        source = FileDataSource(path)
+    except (ValueError, OSError) as exc:
         raise DBNFormatError(f"{path}: not a readable DBN file: {exc}") from None
     try:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", BentoWarning)
+                store = databento.DBNStore(source)
+        except (BentoError, BentoWarning, databento_dbn.DBNError, ValueError, OSError) as exc:
+            raise DBNFormatError(f"{path}: not a readable DBN file: {exc}") from None
         yield store
     finally:
-        store.reader.close()
+        source.reader.close()
 
 
 def _symbols(store: databento.DBNStore) -> dict[int, str]:

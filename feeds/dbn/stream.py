@@ -33,7 +33,14 @@ import databento_dbn
 import numpy as np
 import numpy.typing as npt
 
-from feeds.dbn.framing import HEADER_SIZE, LENGTH_MULTIPLIER, MBP10_SIZE, RECORD_SIZES, check_mbp10
+from feeds.dbn.framing import (
+    HEADER_SIZE,
+    LENGTH_MULTIPLIER,
+    MBP10_LENGTH,
+    MBP10_SIZE,
+    RECORD_SIZES,
+    check_mbp10,
+)
 from feeds.records import MBP10_DTYPE, MBP10_RTYPE
 
 __all__ = ["StreamCounters", "StreamDecoder", "record_bytes", "record_messages"]
@@ -145,6 +152,8 @@ class StreamDecoder:
         rows = [u8[b:e].reshape(-1, self._mbp_size)[:, :MBP10_SIZE] for b, e in segments]
         packed = np.ascontiguousarray(rows[0]) if len(rows) == 1 else np.concatenate(rows)
         records: npt.NDArray[np.void] = packed.view(MBP10_DTYPE).reshape(-1)
+        if self._extra:
+            records["length"] = MBP10_LENGTH  # the header now describes the record without ts_out
         self.counters.records += len(records)
         return records
 
