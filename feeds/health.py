@@ -265,19 +265,16 @@ class HealthMonitor:
             self.counters[check] += int(np.count_nonzero(failing))
             was_open = check in self._open
             edges = np.flatnonzero(np.diff(failing.view(np.int8), prepend=np.int8(was_open)))
-            running = np.cumsum(failing)
-            open_at = 0
+            open_at = 0  # a run of failures is contiguous: its count is its length
             for i in edges.tolist():
                 if failing[i]:
                     self._start(check, int(ts_recv[i]), 0)
                     open_at = i
                 else:
-                    self._open[check].count += int(running[i - 1]) - (
-                        int(running[open_at - 1]) if open_at else 0
-                    )
+                    self._open[check].count += i - open_at
                     self._end(check, int(ts_recv[i]))
             if failing[-1]:
-                self._open[check].count += int(running[-1]) - (int(running[open_at - 1]) if open_at else 0)
+                self._open[check].count += n - open_at
 
     def silence(self, last_ns: int, until_ns: int | None, stale_ns: int) -> None:
         """Nothing came from ``last_ns`` until ``until_ns`` (the next record's ``ts_recv``), or

@@ -1,0 +1,100 @@
+"""The vectorised and the incremental path give the same bars, bit for bit, and the same health."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from feeds.config import BarConfig, HealthConfig, InstrumentSpec
+from feeds.dbn import read_mbp10
+from feeds.features import BarFrame, IncrementalBars, IncrementalFeatures, compute_all, compute_bars
+from feeds.health import HealthMonitor
+from feeds.records import UNDEF_PRICE
+from tests.conftest import DBN_SAMPLES
+from tests.feeds.recbuild import random_book
+
+SPEC = InstrumentSpec(symbol="ES", instrument_id=1001)
+HEALTH = HealthConfig(stale_after_s=2.0, max_price_jump_ticks=50)
+# (clock, records): the incremental path runs the kernel once per bar, so short bars get fewer records
+CLOCKS = [
+    (BarConfig(clock="time", interval_s=1.0), 30_000),
+    (BarConfig(clock="time", interval_s=0.1), 5_000),
+    (BarConfig(clock="events", events=1), 1_500),
+    (BarConfig(clock="events", events=37), 20_000),
+]
+
+
+def faulty_book(n: int, seed: int) -> np.ndarray:
+    """A random book with every kind of fault and silences longer than the stale interval."""
+    rng = np.random.default_rng(seed)
+    records = random_book(n, seed=seed, mean_gap_ns=20_000_000)
+    pick = lambda p: rng.random(n) < p  # noqa: E731
+    records["bid_px_00"][pick(0.003)] = records["ask_px_00"][0]  # crossed / jumps
+    gone = pick(0.003)
+    records["ask_px_00"][gone], records["ask_sz_00"][gone] = UNDEF_PRICE, 0
+    records["ts_recv"][pick(0.002)] -= 10**9  # back in time
+    records["sequence"][pick(0.002)] = 0  # sequence regressions
+    silence = np.cumsum(np.where(pick(0.001), 3 * 10**9, 0))
+    records["ts_recv"] += silence.astype(np.uint64)
+    return records
+
+
+def assert_same(vectorised: BarFrame, incremental: list[BarFrame]) -> None:
+    assert incremental, "the incremental path closed no bar"
+    joined = BarFrame.concat(incremental)
+    for field in dataclasses.fields(BarFrame):
+        a, b = getattr(vectorised, field.name), getattr(joined, field.name)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype, field.name
+            np.testing.assert_array_equal(a, b, err_msg=field.name, strict=True)
+        else:
+            assert a == b, field.name
+    assert np.isfinite(vectorised.features).all()
+
+
+def episodes(monitor: HealthMonitor) -> list[tuple[str, int, int | None, int]]:
+    return sorted((str(e.check), e.start_ns, e.end_ns, e.count) for e in monitor.episodes)
+
+
+@pytest.mark.parametrize(
+    ("bars", "n"), CLOCKS, ids=[f"{c.clock}-{c.interval_s}-{c.events}" for c, _ in CLOCKS]
+)
+def test_parity_on_a_faulty_random_book(bars: BarConfig, n: int) -> None:
+    records = faulty_book(n, seed=7)
+    monitor = HealthMonitor(SPEC.instrument_id, SPEC.symbol)
+    vectorised = compute_bars(records, SPEC, bars, HEALTH, monitor)
+    incremental = IncrementalBars(SPEC, bars, HEALTH)
+    assert_same(vectorised, incremental.push_records(records))
+    assert not vectorised.tradable.all() and vectorised.tradable.any()
+    assert episodes(monitor) == episodes(incremental.monitor)
+    assert monitor.counters == incremental.monitor.counters
+
+
+@pytest.mark.parametrize("path", sorted(DBN_SAMPLES.glob("test_data.mbp-10*.dbn*")), ids=lambda p: p.name)
+def test_parity_on_the_official_samples(path) -> None:
+    records = read_mbp10(path)
+    spec = InstrumentSpec(symbol="ESH1", instrument_id=int(records["instrument_id"][0]))
+    for bars in (BarConfig(clock="events", events=1), BarConfig(clock="time", interval_s=1e-6)):
+        vectorised = compute_bars(records, spec, bars, HealthConfig())
+        assert len(vectorised) >= 1
+        assert_same(vectorised, IncrementalBars(spec, bars, HealthConfig()).push_records(records))
+
+
+def test_parity_across_instruments_through_the_router() -> None:
+    es = faulty_book(6000, seed=1)
+    nq = random_book(5000, seed=2, instrument_id=1002)
+    mixed = np.concatenate([es, nq, random_book(40, seed=3, instrument_id=5)])
+    mixed = mixed[np.argsort(mixed["ts_recv"], kind="stable")]
+    specs = [SPEC, InstrumentSpec(symbol="NQ", instrument_id=1002)]
+    bars = BarConfig(clock="time", interval_s=0.5)
+    result = compute_all(mixed, specs, bars, HEALTH)
+    router = IncrementalFeatures(specs, bars, HEALTH)
+    closed = router.push_records(mixed)
+    assert router.rejected == result.rejected_records == 40
+    for spec in specs:
+        mine = [f for f in closed if f.instrument_id == spec.instrument_id]
+        alone = compute_bars(mixed[mixed["instrument_id"] == spec.instrument_id], spec, bars, HEALTH)
+        assert_same(alone, mine)
+        np.testing.assert_array_equal(result.frames[spec.symbol].features, alone.features)
