@@ -127,6 +127,10 @@ class SynthConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     """Strength of the planted order-flow-imbalance signal; 0 gives a martingale mid."""
     signal_window_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     """The order-flow imbalance that leads price moves is summed over this many seconds."""
+    pressure_s: Annotated[float, msgspec.Meta(ge=1)] = 30.0
+    """Order flow is persistent: its buy/sell pressure lasts about this many seconds."""
+    pressure_tilt: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    """How strongly the pressure tilts order flow to one side (0: no persistence)."""
     dataset: str = "SYNTH"
     calm_minutes: Annotated[float, msgspec.Meta(gt=0)] = 40.0
     """Mean length of an ordinary calm stretch."""

@@ -15,7 +15,10 @@ event moves the price, so realised variance differs by an order of magnitude bet
 An event is either a price move (probability ``*_move_probability``) or an order-book event on
 one side at depth ``k`` (mostly the top levels): an add, a cancel or modify (size down or up),
 or, at depth 0, a trade against the level. Each has a size ``q`` (geometric, mean
-``mean_order_size``).
+``mean_order_size``). Order flow is persistent, as in real markets: a latent pressure ``p(t)``
+(stationary N(0, 1), a moving average of noise over ``pressure_s`` seconds) makes an event
+buy-side (bid add, ask cancel, buy-aggressor trade) with probability
+``(1 + tanh(pressure_tilt * p)) / 2``. Prices never read ``p``.
 
 *Queues.* Every price level is a queue whose size is the running sum of the sizes added and
 removed at that price, reflected at one contract (a cancel or trade never empties a level that
@@ -39,11 +42,14 @@ Stoikov, at the top three levels). For a price move at time ``t``::
     z(t)   = OFI(t) / sqrt(sum of q^2 over those events + mean_order_size^2)
     P(up)  = (1 + tanh(signal * z(t))) / 2
 
-so the net order flow of the last seconds leads the next mid moves: with the defaults
-(``signal`` 0.5) a typical imbalance of one standard deviation gives 73% up-moves, which a model
-reading 1-second bars learns and trades after costs in active stretches. With ``signal = 0``
-every move is a fair coin drawn independently of everything before it (and move times do not
-depend on direction), so the mid is a martingale and no strategy has an edge.
+so the net order flow of the last seconds leads the next mid moves, and since flow is
+persistent the lead lasts tens of seconds. Measured on a default day (``signal`` 0.5, 1-second
+bars, the test's top-3-level OFI computed from the book snapshots): the correlation of a bar's
+OFI with the next bar's mid change is ~0.27, and when the last 5 seconds' OFI is beyond two
+standard deviations the mid moves ~3 ticks its way over the next 5 seconds and ~7 over 30,
+against a round-trip cost of one tick of spread plus fees: learnable and tradable after costs.
+With ``signal = 0`` every move is a fair coin drawn independently of everything before it (move
+times do not depend on direction), so the mid is a martingale and no strategy has an edge.
 
 Determinism: each (seed, instrument, day) has its own random stream, and the random numbers
 drawn do not depend on ``signal`` (only the move directions' use of them does), so the same seed
@@ -157,6 +163,15 @@ def _regimes(rng: np.random.Generator, seconds: int, synth: SynthConfig) -> npt.
     return active
 
 
+def _pressure(rng: np.random.Generator, seconds: int, scale_s: float) -> npt.NDArray[np.float64]:
+    """Per second: the latent order-flow pressure, a stationary N(0, 1) process (a moving
+    average of white noise over ``scale_s`` seconds, so it persists about that long)."""
+    width = max(1, round(scale_s))
+    noise = np.concatenate(([0.0], np.cumsum(rng.standard_normal(seconds + width))))
+    out: npt.NDArray[np.float64] = (noise[width:] - noise[:-width])[:seconds] / np.sqrt(width)
+    return out
+
+
 def _geometric(rng: np.random.Generator, mean: float, n: int) -> npt.NDArray[np.int64]:
     """Sizes >= 1 with the given mean."""
     sizes: npt.NDArray[np.int64] = rng.geometric(min(1.0, 1.0 / mean), size=n).astype(np.int64)
@@ -265,10 +280,11 @@ def simulate_session(
         return SynthDay(records=np.empty(0, dtype=MBP10_DTYPE), close_tick=open_tick)
 
     # Every random number is drawn here, independent of `signal`.
+    pressure = _pressure(rng, seconds, synth.pressure_s)[times.astype(np.int64)]
     p_move = np.where(regime, synth.active_move_probability, synth.calm_move_probability)
     is_move = rng.random(n) < p_move
     coin = rng.random(n)
-    is_bid = rng.random(n) < 0.5
+    buyish = rng.random(n) < 0.5 * (1.0 + np.tanh(synth.pressure_tilt * pressure))
     depth = np.minimum(rng.geometric(DEPTH_DECAY, size=n) - 1, LEVELS - 1).astype(np.int64)
     trade_u = rng.random(n)
     add_u = rng.random(n)
@@ -281,6 +297,8 @@ def simulate_session(
     # Book events: kind and signed size change of the touched level.
     is_trade = ~is_move & (depth == 0) & (trade_u < TRADE_SHARE)
     is_add = ~is_move & ~is_trade & (add_u < 0.5)
+    # Buy-side flow is a bid add, an ask cancel or a trade against the ask (a buy aggressor).
+    is_bid = is_add == buyish
     kind = np.where(is_trade, _TRADE, np.where(is_add, _ADD, _CANCEL))
     kind = np.where((kind != _TRADE) & (modify_u < MODIFY_SHARE), _MODIFY, kind)
     delta = np.where(is_add, add_size, -remove_size)
