@@ -33,6 +33,7 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "NewOrder",
+    "OrderType",
     "ProtocolError",
     "Reject",
     "Report",
