@@ -7,7 +7,8 @@ checks it fails:
 
 ``sequence``
     The record's ``sequence`` is lower than the previous record's *of the same instrument*
-    (out-of-order, replayed or reset feed). Databento's ``sequence`` is the venue's number per
+    (out-of-order, replayed or reset feed), unless the record ends a stale silence (a venue
+    restarts its sequence with a new session). Databento's ``sequence`` is the venue's number per
     *channel*, shared by every instrument of the channel, so a subscription to some instruments
     sees forward jumps by design; a forward jump is judged a gap only when it exceeds
     ``HealthConfig.max_sequence_gap`` (0, the default, disables the forward check). Equal
@@ -167,6 +168,8 @@ def record_faults(
     seq_bad = seq < prev_seq
     if config.max_sequence_gap > 0:
         seq_bad |= (seq - prev_seq) > config.max_sequence_gap
+    # after a stale silence the venue may have restarted its sequence (a new session)
+    seq_bad &= ts - prev_ts <= round(config.stale_after_s * 1e9)
     faults |= seq_bad.view(np.uint8) * np.uint8(Check.SEQUENCE.bit)
     return faults
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 
 import numpy as np
 import pytest
 
-from feeds.config import BarConfig, HealthConfig, InstrumentSpec
+from feeds.config import BarConfig, HealthConfig, InstrumentSpec, SynthConfig
 from feeds.dbn import read_mbp10
 from feeds.features import BarFrame, IncrementalBars, IncrementalFeatures, compute_all, compute_bars
 from feeds.health import HealthMonitor
 from feeds.records import UNDEF_PRICE
+from feeds.synth import simulate_session
 from tests.conftest import DBN_SAMPLES
 from tests.feeds.recbuild import random_book
 
@@ -98,3 +100,14 @@ def test_parity_across_instruments_through_the_router() -> None:
         alone = compute_bars(mixed[mixed["instrument_id"] == spec.instrument_id], spec, bars, HEALTH)
         assert_same(alone, mine)
         np.testing.assert_array_equal(result.frames[spec.symbol].features, alone.features)
+
+
+def test_parity_on_a_synthetic_session() -> None:
+    spec = InstrumentSpec(symbol="ES", instrument_id=1001, session_start="14:00", session_end="15:00")
+    day = simulate_session(spec, dt.date(2024, 1, 3), SynthConfig(), seed=3, open_tick=20_000)
+    for bars in (BarConfig(clock="time", interval_s=1.0), BarConfig(clock="events", events=20)):
+        monitor = HealthMonitor(spec.instrument_id, spec.symbol)
+        vectorised = compute_bars(day.records, spec, bars, HealthConfig(), monitor)
+        assert vectorised.tradable.all()  # the generator's feed is healthy
+        assert monitor.episodes == []
+        assert_same(vectorised, IncrementalBars(spec, bars, HealthConfig()).push_records(day.records))

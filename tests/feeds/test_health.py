@@ -135,3 +135,11 @@ def test_official_samples_are_healthy() -> None:
         assert result.rejected_records == 0
         assert result.frames["ESH1"].tradable.all()
         assert sum(result.monitors["ESH1"].counters.values()) == 0
+
+
+def test_sequence_restart_after_a_silence_is_a_new_session() -> None:
+    rows = [Row(ts=MS, seq=500), Row(ts=2 * MS, seq=501), Row(ts=20 * S, seq=1), Row(ts=20 * S + MS, seq=2)]
+    tradable, monitor = run(rows)
+    assert tradable.all()
+    assert monitor.counters[Check.SEQUENCE] == 0
+    assert [e.check for e in monitor.episodes] == [Check.STALE]
