@@ -7,17 +7,26 @@
   :class:`ModelRegistry`, :class:`LearnedFloors`, :class:`Journal`;
 * :class:`CheckpointStore` for checkpoint bytes;
 * value types in :mod:`storage.records` and errors in :mod:`storage.errors`.
+
+The names are resolved on first use (PEP 562), so that ``import storage.config`` (which every
+CLI command does through ``agent.config``) does not pay for importing SQLAlchemy and Alembic.
 """
 
-from storage.checkpoints import CheckpointStore
-from storage.config import StorageConfig
-from storage.engine import Database
-from storage.floors import LearnedFloors
-from storage.instruments import Instruments
-from storage.journal import Journal
-from storage.ledger import Ledger, apply_fill
-from storage.registry import ModelRegistry
-from storage.schema import open_database
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.checkpoints import CheckpointStore
+    from storage.config import StorageConfig
+    from storage.engine import Database
+    from storage.floors import LearnedFloors
+    from storage.instruments import Instruments
+    from storage.journal import Journal
+    from storage.ledger import Ledger, apply_fill
+    from storage.registry import ModelRegistry
+    from storage.schema import open_database
 
 __all__ = [
     "CheckpointStore",
@@ -31,3 +40,23 @@ __all__ = [
     "apply_fill",
     "open_database",
 ]
+
+_HOME = {
+    "CheckpointStore": "storage.checkpoints",
+    "Database": "storage.engine",
+    "Instruments": "storage.instruments",
+    "Journal": "storage.journal",
+    "LearnedFloors": "storage.floors",
+    "Ledger": "storage.ledger",
+    "ModelRegistry": "storage.registry",
+    "StorageConfig": "storage.config",
+    "apply_fill": "storage.ledger",
+    "open_database": "storage.schema",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'storage' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

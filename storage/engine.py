@@ -155,10 +155,15 @@ class Database:
         """Open one connection and run a trivial query, without retrying (start-up check)."""
         self.read(lambda s: s.execute(text("SELECT 1")).scalar_one(), what="connect", retry=False)
 
-    def connection(self) -> Connection:
-        """A raw connection for schema migrations (``storage.migrate``) only."""
+    def connection(self, *, read_only: bool = False) -> Connection:
+        """A raw connection for schema work (``storage.schema``) only.
+
+        On SQLite its transactions begin with ``BEGIN IMMEDIATE`` (the write lock) unless
+        ``read_only``.
+        """
+        engine = self._engine.execution_options(**{_READ_OPTION: True}) if read_only else self._engine
         try:
-            return self._engine.connect()
+            return engine.connect()
         except SQLAlchemyError as exc:
             raise self.translate(exc, what="connect") from None
 

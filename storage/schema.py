@@ -98,7 +98,7 @@ def _current(connection: Connection) -> str | None:
 
 def current_revision(database: Database) -> str | None:
     """The revision the database is at (None: empty database, never migrated)."""
-    with database.connection() as connection:
+    with database.connection(read_only=True) as connection:
         try:
             return _current(connection)
         except SQLAlchemyError as exc:

@@ -23,8 +23,13 @@ __all__ = ["scratch_database"]
 
 
 @contextmanager
-def scratch_database(admin_url: str, *, prefix: str = "tradeagent_scratch") -> Iterator[URL]:
-    """Create a fresh empty PostgreSQL database next to ``admin_url``'s; drop it on exit.
+def scratch_database(
+    admin_url: str, *, prefix: str = "tradeagent_scratch", template: str | None = None
+) -> Iterator[URL]:
+    """Create a fresh PostgreSQL database next to ``admin_url``'s; drop it on exit.
+
+    With ``template`` (the name of a database nobody is connected to) the new database is a
+    copy of it, e.g. an already migrated one; otherwise it is empty.
 
     Raises ``DatabaseUnavailable`` when the server cannot be reached or refuses to create it.
     """
@@ -36,7 +41,8 @@ def scratch_database(admin_url: str, *, prefix: str = "tradeagent_scratch") -> I
     try:
         try:
             with engine.connect() as connection:
-                connection.execute(text(f'CREATE DATABASE "{name}"'))
+                copy = f' TEMPLATE "{template}"' if template else ""
+                connection.execute(text(f'CREATE DATABASE "{name}"{copy}'))
         except SQLAlchemyError as exc:
             detail = mask_secrets(str(getattr(exc, "orig", exc)).strip().splitlines()[0])
             raise DatabaseUnavailable(

@@ -47,7 +47,7 @@ def parse_url(text: str) -> URL:
     """
     try:
         url = make_url(text.strip())
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         raise InvalidDatabaseURL(
             f"malformed database URL {mask_secrets(text)!r}: expected e.g. "
             "sqlite:////var/lib/tradeagent/tradeagent.db or postgresql+psycopg://user@host/db"
