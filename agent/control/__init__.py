@@ -1,0 +1,1 @@
+"""The ZeroMQ control socket of the daemon and its client (``tradeagent ctl``)."""

@@ -1,0 +1,1 @@
+"""The trading daemon: one asyncio process from market data to orders, fills and the ledger."""
