@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.model.arrays import Array, Params, array_module
-from agent.model.ops import rmsnorm, rmsnorm_backward, sigmoid, silu, silu_grad, softplus
+from agent.model.ops import exp_floor, linear, rmsnorm, rmsnorm_backward, sigmoid, silu, silu_grad, softplus
 
 __all__ = [
     "BlockCache",
@@ -56,15 +56,19 @@ def _decays(dtc: Array, Ag: Array) -> tuple[Array, Array, Array, Array]:
     """Chunk decays from dt (.., Q) and A (G, Hg): cum (.., Q), Lam (.., Q, Q), e, w (.., Q).
 
     ``Lam[t, s] = exp(cum_t - cum_s)`` for s <= t else 0; ``e_t = exp(cum_t)``; ``w_s =
-    exp(cum_{Q-1} - cum_s)``. Every exponent is <= 0 (A < 0, dt > 0).
+    exp(cum_{Q-1} - cum_s)``. Every exponent is clipped into [exp_floor, 0] (A < 0, dt > 0
+    make them <= 0 where used; the floor avoids subnormal results).
     """
     xp = array_module(dtc)
     q = dtc.shape[-1]
+    lo = exp_floor(dtc.dtype)
     cum = xp.cumsum(dtc * Ag[..., None], axis=-1)
     seg = cum[..., :, None] - cum[..., None, :]
-    mask = xp.tri(q, dtype=dtc.dtype)
-    lam = xp.exp(xp.minimum(seg, 0.0)) * mask
-    return cum, lam, xp.exp(cum), xp.exp(cum[..., -1:] - cum)
+    lam = xp.exp(xp.clip(seg, lo, 0.0, out=seg), out=seg)
+    lam *= xp.tri(q, dtype=dtc.dtype)
+    e = xp.exp(xp.maximum(cum, lo))
+    w = xp.exp(xp.maximum(cum[..., -1:] - cum, lo))
+    return cum, lam, e, w
 
 
 def ssd_chunked(
@@ -242,7 +246,7 @@ def block_forward(params: Params, prefix: str, u: Array, groups: int, chunk: int
     n = (cd - di) // (2 * groups)
     bt, length, _ = u.shape
 
-    zxbcdt = xp.matmul(u, W_in.T)
+    zxbcdt = linear(u, W_in)
     z, xbc_raw, dt_raw = zxbcdt[..., :di], zxbcdt[..., di : di + cd], zxbcdt[..., di + cd :]
     xpad = xp.concatenate([xp.zeros((bt, width - 1, cd), dtype=u.dtype), xbc_raw], axis=1)
     pre = conv_b + sum(xpad[:, k : k + length] * conv_w[:, k] for k in range(width))
@@ -256,7 +260,7 @@ def block_forward(params: Params, prefix: str, u: Array, groups: int, chunk: int
     gate = silu(z)
     vhat, r = rmsnorm(y * gate, groups)
     o = vhat * params[prefix + "gnorm_w"]
-    out = xp.matmul(o, params[prefix + "W_out"].T)
+    out = linear(o, params[prefix + "W_out"])
     cache = BlockCache(u, z, xbc_raw, pre, xbc, s, dt, A, states, y, gate, vhat, r, o, chunk)
     return out, cache
 
@@ -277,7 +281,7 @@ def block_backward(params: Params, prefix: str, cache: BlockCache, gout: Array) 
     x, B, C = _split_xbc(cache.xbc, di, groups, n, heads)
     grads: Params = {}
 
-    go = xp.matmul(gout, W_out)
+    go = linear(gout, W_out.T)
     grads[prefix + "W_out"] = xp.matmul(gout.reshape(-1, d).T, cache.o.reshape(-1, di))
     grads[prefix + "gnorm_w"] = (go * cache.vhat).reshape(-1, di).sum(axis=0)
     gv = rmsnorm_backward(go * params[prefix + "gnorm_w"], cache.vhat, cache.r)
@@ -308,5 +312,5 @@ def block_backward(params: Params, prefix: str, cache: BlockCache, gout: Array) 
         gxpad[:, k : k + length] += gpre * conv_w[:, k]
     gzxbcdt = xp.concatenate([gz, gxpad[:, width - 1 :], gs], axis=-1)
     grads[prefix + "W_in"] = xp.matmul(gzxbcdt.reshape(-1, W_in.shape[0]).T, cache.u.reshape(-1, d))
-    gu = xp.matmul(gzxbcdt, W_in)
+    gu = linear(gzxbcdt, W_in.T)
     return grads, gu

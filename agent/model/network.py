@@ -14,7 +14,7 @@ from agent.model.arrays import Array, Params, array_module
 from agent.model.config import ModelConfig
 from agent.model.errors import ModelError
 from agent.model.mamba2 import BlockCache, block_backward, block_forward
-from agent.model.ops import rmsnorm, rmsnorm_backward
+from agent.model.ops import linear, rmsnorm, rmsnorm_backward
 from agent.model.params import block_prefix
 
 __all__ = ["NetworkCache", "backward", "forward"]
@@ -45,7 +45,7 @@ def forward(
         raise ModelError(f"model input must be (B, {cfg.window}, {cfg.n_features}), got {tuple(x.shape)}")
     xp = array_module(x)
     q_len = cfg.chunk if chunk is None else chunk
-    h = xp.matmul(x, params["embed.W"].T) + params["embed.b"]
+    h = linear(x, params["embed.W"]) + params["embed.b"]
     norms: list[tuple[Array, Array]] = []
     blocks: list[BlockCache] = []
     for i in range(cfg.n_layers):
@@ -94,4 +94,4 @@ def backward(
     flat = gh.reshape(-1, cfg.d_model)
     grads["embed.W"] = xp.matmul(flat.T, cache.x.reshape(-1, cfg.n_features))
     grads["embed.b"] = flat.sum(axis=0)
-    return grads, xp.matmul(gh, params["embed.W"])
+    return grads, linear(gh, params["embed.W"].T)

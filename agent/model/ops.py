@@ -7,10 +7,14 @@ eps inside the square root.
 
 from __future__ import annotations
 
+import numpy as np
+
 from agent.model.arrays import Array, array_module
 
 __all__ = [
     "RMS_EPS",
+    "exp_floor",
+    "linear",
     "log_softmax",
     "rmsnorm",
     "rmsnorm_backward",
@@ -25,11 +29,29 @@ RMS_EPS = 1e-5
 """RMSNorm epsilon (inside the square root), as Mamba2."""
 
 
+def linear(x: Array, W: Array) -> Array:
+    """``x W^T`` over the last axis of x (..., in) with W (out, in), as one 2-D matmul.
+
+    Flattening the leading axes lets BLAS/cuBLAS run one large GEMM instead of a stack of
+    small ones (4x faster on NumPy for the model's shapes).
+    """
+    return (x.reshape(-1, x.shape[-1]) @ W.T).reshape(*x.shape[:-1], W.shape[0])
+
+
+def exp_floor(dtype: object) -> float:
+    """The smallest exponent whose exp is a normal number of ``dtype`` (about -87.3 for float32).
+
+    Exponents are clipped here before ``exp``: results below it are under 1.2e-38 (float32)
+    and would be subnormal, which x86 CPUs process many times slower (measured 10x on the
+    window decays), while their contribution is far below the dtype's resolution.
+    """
+    return float(np.log(np.finfo(dtype).tiny))  # type: ignore[call-overload]
+
+
 def sigmoid(x: Array) -> Array:
-    """1 / (1 + exp(-x)) computed from exp(-|x|) <= 1, so it never overflows."""
+    """1 / (1 + exp(-x)) as 0.5 + 0.5 tanh(x / 2): no overflow, no subnormals, one transcendental."""
     xp = array_module(x)
-    e = xp.exp(-xp.abs(x))
-    return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    return 0.5 + 0.5 * xp.tanh(0.5 * x)
 
 
 def silu(x: Array) -> Array:
@@ -45,7 +67,7 @@ def silu_grad(x: Array) -> Array:
 def softplus(x: Array) -> Array:
     """log(1 + exp(x)); x itself above 20 (its derivative is :func:`sigmoid`)."""
     xp = array_module(x)
-    return xp.where(x > 20.0, x, xp.log1p(xp.exp(xp.minimum(x, 20.0))))
+    return xp.where(x > 20.0, x, xp.log1p(xp.exp(xp.clip(x, exp_floor(x.dtype), 20.0))))
 
 
 def softmax(logits: Array, axis: int = -1) -> Array:
