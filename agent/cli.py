@@ -22,7 +22,7 @@ from storage.errors import StorageError
 __all__ = ["main"]
 
 # Sub-command modules, in the order `tradeagent --help` lists them.
-COMMANDS: tuple[str, ...] = ("demo", "synth", "bench", "db", "relay", "record")
+COMMANDS: tuple[str, ...] = ("demo", "synth", "bench", "db", "relay", "record", "train")
 
 log = logging.getLogger("tradeagent")
 

@@ -30,6 +30,7 @@ from agent.execution.config import BrokerConfig
 from agent.model.config import ModelConfig
 from agent.policy.config import PolicyConfig
 from agent.policy.regime import RegimeConfig
+from agent.train.config import TrainConfig
 from feeds.config import FeedsConfig, SynthConfig
 from storage.config import StorageConfig
 
@@ -64,6 +65,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     regime: RegimeConfig = msgspec.field(default_factory=RegimeConfig)
+    train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
     risk: RiskConfig = msgspec.field(default_factory=RiskConfig)

@@ -61,6 +61,9 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     return_loss_weight: float = 1.0
     probe_size: int = 256
     """Fixed probe windows (from the training data, flat agent state) for Q-mean and kill stats."""
+    cpu_threads: int = 1
+    """BLAS threads while training on the CPU (0 = the library's default). The trainer's matrices
+    are small: one thread is several times faster than contended multi-threaded BLAS."""
     sharpe_bucket_s: float = 0.0
     """P&L bucket for the annualised Sharpe: 0 = calendar days (use e.g. 300 for short archives)."""
     # --- gates --------------------------------------------------------------------------------
@@ -114,8 +117,8 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         for name, fvalue in positive.items():
             if not (math.isfinite(fvalue) and fvalue > 0):
                 raise ValueError(f"{name} must be a positive number, got {fvalue}")
-        if self.gap_bars < 0 or self.learning_starts < 0:
-            raise ValueError("gap_bars and learning_starts must be >= 0")
+        if self.gap_bars < 0 or self.learning_starts < 0 or self.cpu_threads < 0:
+            raise ValueError("gap_bars, learning_starts and cpu_threads must be >= 0")
         if not 0.0 < self.gamma < 1.0:
             raise ValueError(f"gamma must be in (0, 1), got {self.gamma}")
         if not 0.0 < self.polyak_rho <= 1.0:

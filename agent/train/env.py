@@ -337,9 +337,13 @@ class VecEnv:
         target = xp.where(self.active, target, self.position)
         t1 = xp.minimum(t + 1, d.mark.shape[0] - 1)  # inactive environments may sit on the last bar
         gross, cost = step_pnl_ticks(
-            self.position, target, d.mark[t], d.mark[t1], half_spread_ticks=d.half_spread[t],
+            self.position,
+            target,
+            d.mark[t],
+            d.mark[t1],
+            half_spread_ticks=d.half_spread[t],
             fee_ticks=d.fee_ticks[t],
-        )  # fmt: skip
+        )
         opened = (target != 0) & (target != self.position)
         self.entry = xp.where(opened, d.mark[t], self.entry)
         traded = xp.abs(target - self.position)

@@ -40,9 +40,13 @@ def q_drift(q: float, q_prev: float, config: TrainConfig, *, fold_index: int, ep
     values = {"q": q, "q_prev": q_prev, "drift_ratio": config.drift_ratio, "drift_abs": config.drift_abs}
     if not _finite(q, q_prev):
         return GateEvent(
-            kind="q_drift", passed=False, values=_json_safe(values), message="probe Q is NaN or infinite",
-            fold_index=fold_index, epoch=epoch,
-        )  # fmt: skip
+            kind="q_drift",
+            passed=False,
+            values=_json_safe(values),
+            message="probe Q is NaN or infinite",
+            fold_index=fold_index,
+            epoch=epoch,
+        )
     grew = abs(q) > config.drift_ratio * abs(q_prev) and abs(q) > config.drift_abs
     message = (
         f"|q| = {abs(q):.4g} > {config.drift_ratio:g} x |q_prev| = {config.drift_ratio * abs(q_prev):.4g} "
@@ -131,9 +135,11 @@ def promotion(
         "kills_passed": kills_passed,
     }
     return GateEvent(
-        kind="promotion", passed=not reasons, values=_json_safe(values),
+        kind="promotion",
+        passed=not reasons,
+        values=_json_safe(values),
         message="; ".join(reasons) if reasons else "promotion criteria met",
-    )  # fmt: skip
+    )
 
 
 def _json_safe(values: dict[str, Any]) -> dict[str, Any]:

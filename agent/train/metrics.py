@@ -72,9 +72,17 @@ def performance(
     ts = np.asarray(ts_ns, dtype=np.int64)
     if pnl.size == 0:
         return Performance(
-            sharpe=0.0, sortino=0.0, max_drawdown=0.0, pnl=0.0, costs=0.0, turnover=0.0,
-            hit_rate=0.0, n_bars=0, n_days=0, periods_per_year=float(TRADING_DAYS_PER_YEAR),
-        )  # fmt: skip
+            sharpe=0.0,
+            sortino=0.0,
+            max_drawdown=0.0,
+            pnl=0.0,
+            costs=0.0,
+            turnover=0.0,
+            hit_rate=0.0,
+            n_bars=0,
+            n_days=0,
+            periods_per_year=float(TRADING_DAYS_PER_YEAR),
+        )
     order = np.argsort(ts, kind="stable")
     bucket_ns = NS_PER_DAY if bucket_s <= 0 else max(1, round(bucket_s * 1e9))
     buckets = bucket_sums(pnl, ts, bucket_ns)

@@ -83,9 +83,14 @@ class NStepBuffer:
         discount = xp.where(ended, np.float32(0.0), np.float32(self.gamma**self.n))
         first = order[0]
         return Transitions(
-            self.t[first].copy(), self.agent[first].copy(), self.action[first].copy(),
-            ret.astype(np.float32), discount.astype(np.float32), t_next, agent_next,
-        )  # fmt: skip
+            self.t[first].copy(),
+            self.agent[first].copy(),
+            self.action[first].copy(),
+            ret.astype(np.float32),
+            discount.astype(np.float32),
+            t_next,
+            agent_next,
+        )
 
 
 class Replay:
@@ -117,6 +122,11 @@ class Replay:
         """``batch`` transitions drawn uniformly with replacement (host generator: reproducible)."""
         idx = self.xp.asarray(rng.integers(0, self.size, batch))
         return Transitions(
-            self.t[idx], self.agent[idx], self.action[idx], self.reward[idx], self.discount[idx],
-            self.t_next[idx], self.agent_next[idx],
-        )  # fmt: skip
+            self.t[idx],
+            self.agent[idx],
+            self.action[idx],
+            self.reward[idx],
+            self.discount[idx],
+            self.t_next[idx],
+            self.agent_next[idx],
+        )

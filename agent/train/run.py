@@ -1,0 +1,637 @@
+"""One training run, end to end: archive -> walk-forward folds -> gates -> registry.
+
+Order of work (nothing is registered before the end, so a crash or a timeout leaves the
+registry, the promoted model and the learned floors as they were):
+
+1. load the archive into per-instrument bars (:mod:`agent.train.data`);
+2. plan rolling folds on the timeline of the instrument with the most bars, map them to every
+   instrument by time and purge training bars closer than the gap to the test block;
+3. per fold: fit the normalisation on the training bars only, train (the parameters carry over
+   from the previous fold, the optimiser, target network and replay are fresh), check Q-drift
+   after every epoch, then evaluate the greedy policy and the baselines on the test block;
+4. re-evaluate the incumbent (the promoted checkpoint of this instrument set) on the same test
+   blocks with its own normalisation;
+5. kill criteria and the promotion gate on the concatenated out-of-sample record;
+6. the candidate is the last fold's model (trained on the most recent window, with its own
+   out-of-sample block): written to the checkpoint store (tmp-then-rename), registered, then
+   promoted (one transaction) or rejected; the learned floors move towards this archive's
+   targets; every gate event and fold is stored with its numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from agent.config import Config
+from agent.gpu.backend import Backend, select_backend
+from agent.model import ModelConfig, init_params, layout_fingerprint, param_shapes
+from agent.model.checkpoint import checkpoint_from_bytes, checkpoint_to_bytes
+from agent.model.errors import CheckpointError
+from agent.policy.regime import RegimeConfig
+from agent.train.baselines import BASELINES, baseline_policy
+from agent.train.data import load_archive, select_instruments
+from agent.train.env import (
+    AGENT_FEATURES,
+    UPNL_CLIP,
+    EnvData,
+    FeatureNorm,
+    InstrumentBars,
+    Rollout,
+    build_env_data,
+    fit_norm,
+    rollout,
+)
+from agent.train.errors import TrainError, TrainTimeout
+from agent.train.floors import VOL_REF_FLOOR, floor_target, next_floor, vol_ema_of
+from agent.train.folds import plan_folds
+from agent.train.gates import GateEvent, kill_criteria, promotion
+from agent.train.learner import Learner
+from agent.train.metrics import Performance, performance
+from agent.train.trainer import EpochRecord, make_probe, probe_stats, train_fold
+from feeds.config import InstrumentSpec
+from feeds.features import FEATURE_NAMES
+from storage import CheckpointStore, Instruments, LearnedFloors, ModelRegistry, open_database
+from storage.errors import NotFound
+from storage.records import InstrumentInfo
+
+__all__ = ["FoldSummary", "Progress", "TrainRequest", "TrainSummary", "run_training"]
+
+log = logging.getLogger(__name__)
+
+
+class Progress(Protocol):
+    """Where a run reports progress (the CLI draws rich bars on stderr)."""
+
+    def start(self, name: str, total: int) -> None: ...
+
+    def advance(self, name: str, amount: int = 1) -> None: ...
+
+
+class _Silent:
+    def start(self, name: str, total: int) -> None:
+        return None
+
+    def advance(self, name: str, amount: int = 1) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What ``tradeagent train`` asks for."""
+
+    data: Path
+    instruments: Sequence[str] | None = None
+    promote: bool = False
+    deadline: float | None = None
+    """``time.monotonic()`` value after which the run stops cleanly (:class:`TrainTimeout`)."""
+
+
+class FoldSummary(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    train_ns: tuple[int, int]
+    test_ns: tuple[int, int]
+    sharpe: float
+    """Out-of-sample Sharpe after costs of the candidate policy on this fold's test block."""
+    baselines: dict[str, float]
+    """Sharpe of each baseline on the same bars."""
+    incumbent_sharpe: float | None
+    metrics: Performance
+    baseline_metrics: dict[str, Performance]
+    greedy_mix: list[float]
+    """Fractions of short, flat, long among the candidate's test decisions."""
+
+
+class TrainSummary(msgspec.Struct, kw_only=True):
+    """The JSON summary of a run (``--summary PATH``)."""
+
+    run_id: int | None = None
+    instrument_set: str = ""
+    device: str = ""
+    seed: int = 0
+    promoted: bool = False
+    halted: bool = False
+    halt_reason: str | None = None
+    timed_out: bool = False
+    candidate_sha256: str | None = None
+    candidate_status: str | None = None
+    incumbent_sha256: str | None = None
+    incumbent_sharpe: float | None = None
+    incumbent_note: str | None = None
+    folds: list[FoldSummary] = msgspec.field(default_factory=list)
+    oos: Performance | None = None
+    oos_baselines: dict[str, Performance] = msgspec.field(default_factory=dict)
+    gates: list[GateEvent] = msgspec.field(default_factory=list)
+    epochs: list[EpochRecord] = msgspec.field(default_factory=list)
+    floors: dict[str, dict[str, float | None]] = msgspec.field(default_factory=dict)
+    drift_abs: float = 0.0
+    drift_ratio: float = 0.0
+    wall_s: float = 0.0
+
+
+@dataclass
+class _Curves:
+    """Concatenated out-of-sample per-bar records per policy (for the report)."""
+
+    records: dict[str, list[Rollout]] = field(default_factory=dict)
+
+    def add(self, name: str, ro: Rollout) -> None:
+        self.records.setdefault(name, []).append(ro)
+
+    def performance(self, name: str, bucket_s: float) -> Performance:
+        parts = self.records.get(name, [])
+        if not parts:
+            return performance([], [], [], [], [], bucket_s=bucket_s)
+
+        def cat(key: str) -> np.ndarray[Any, Any]:
+            return np.concatenate([getattr(r, key) for r in parts])
+
+        return performance(
+            cat("pnl"), cat("cost"), cat("traded"), cat("held"), cat("ts_ns"), bucket_s=bucket_s
+        )
+
+    def equity(self, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """(ts, cumulative net P&L) in time order."""
+        parts = self.records.get(name, [])
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0)
+        ts = np.concatenate([r.ts_ns for r in parts])
+        pnl = np.concatenate([r.pnl for r in parts])
+        order = np.argsort(ts, kind="stable")
+        return ts[order], np.cumsum(pnl[order])
+
+
+@dataclass
+class RunResult:
+    summary: TrainSummary
+    curves: _Curves
+
+
+def _gap_bars(model: ModelConfig, config: Config) -> int:
+    return max(config.train.gap_bars, model.window + max(config.train.n_step, model.return_horizon))
+
+
+def _fold_ranges(
+    bars: dict[str, InstrumentBars], config: Config, gap: int
+) -> list[tuple[tuple[int, int, int, int], dict[str, tuple[int, int, int, int]]]]:
+    """Fold boundaries as times on the reference timeline and per-instrument index ranges
+    ``(train_start, train_end, test_start, test_end)`` with the purge applied."""
+    ref = max(bars.values(), key=len).ts_ns
+    folds = plan_folds(
+        ref.shape[0],
+        n_folds=config.train.folds,
+        train_test_ratio=config.train.train_test_ratio,
+        gap_bars=gap,
+        anchored=config.train.anchored,
+    )
+    out = []
+    for f in folds:
+        edges = [
+            int(ref[i]) if i < ref.shape[0] else int(ref[-1]) + 1
+            for i in (f.train_start, f.train_end, f.test_start, f.test_end)
+        ]
+        per: dict[str, tuple[int, int, int, int]] = {}
+        for symbol, b in bars.items():
+            a, e, s, t = (int(x) for x in np.searchsorted(b.ts_ns, edges))
+            e = min(e, s - gap)  # purge: never closer than the gap to the test block
+            if e - a < config.model.window + 2 or t - s < config.model.window + 2:
+                raise TrainError(f"fold {f.index}: instrument {symbol} has too few bars in the fold")
+            per[symbol] = (a, e, s, t)
+        out.append(((edges[0], edges[1], edges[2], edges[3]), per))
+    return out
+
+
+def _log_returns(b: InstrumentBars, lo: int, hi: int) -> np.ndarray[Any, Any]:
+    mid = b.mid_ticks[lo:hi]
+    ok = b.tradable[lo:hi] & np.isfinite(mid) & (mid > 0)
+    m = mid[ok]
+    return np.diff(np.log(m)) if m.shape[0] > 1 else np.zeros(0)
+
+
+def _evaluate(data: EnvData, policy: Any, config: Config) -> Rollout:
+    return rollout(data, policy, n_envs=config.train.eval_envs, reward_scale=config.train.reward_scale)
+
+
+def run_training(config: Config, request: TrainRequest, progress: Progress | None = None) -> RunResult:
+    """Run one training (see the module docstring); returns the summary and the OOS curves.
+
+    Raises :class:`TrainTimeout` when ``request.deadline`` passes before the registry is written,
+    :class:`TrainError` for data that cannot be trained on, and the storage/feeds errors of the
+    layers below. The registry is written only at the end.
+    """
+    backend: Backend = select_backend(config.device)
+    limits: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if not backend.is_cuda and config.train.cpu_threads > 0:
+        limits = threadpool_limits(limits=config.train.cpu_threads, user_api="blas")
+    with limits:
+        return _run_training(config, request, progress or _Silent(), backend)
+
+
+def _run_training(config: Config, request: TrainRequest, progress: Progress, backend: Backend) -> RunResult:
+    started = time.monotonic()
+    cfg = config.train
+    xp = backend.xp
+    specs = select_instruments(config.feeds, request.instruments)
+    instrument_set = ",".join(sorted(s.symbol for s in specs))
+    database = open_database(config.storage, config.data_dir)
+    try:
+        registry = ModelRegistry(database)
+        floors_repo = LearnedFloors(database)
+        Instruments(database).upsert(
+            [
+                InstrumentInfo(
+                    instrument_id=s.instrument_id,
+                    symbol=s.symbol,
+                    tick_size=s.tick_size,
+                    tick_value=s.tick_value,
+                )
+                for s in specs
+            ]
+        )
+        current_floors = {s.symbol: floors_repo.get(s.instrument_id, VOL_REF_FLOOR) for s in specs}
+        files = list(Path(request.data).iterdir()) if Path(request.data).is_dir() else [request.data]
+        progress.start("load", len(files))
+        bars = load_archive(
+            request.data,
+            config.feeds,
+            specs,
+            fee_per_contract=config.broker.fee_per_contract,
+            on_file=lambda _f: progress.advance("load"),
+        )
+        model_cfg = config.model.with_features(len(FEATURE_NAMES) + len(AGENT_FEATURES))
+        gap = _gap_bars(model_cfg, config)
+        folds = _fold_ranges(bars, config, gap)
+        summary = TrainSummary(
+            instrument_set=instrument_set,
+            device=backend.description,
+            seed=config.seed,
+            drift_abs=cfg.drift_abs,
+            drift_ratio=cfg.drift_ratio,
+        )
+        run = _Run(
+            config=config,
+            request=request,
+            model_cfg=model_cfg,
+            xp=xp,
+            bars=bars,
+            specs=specs,
+            folds=folds,
+            summary=summary,
+            progress=progress,
+        )
+        run.train_all()
+        if request.deadline is not None and time.monotonic() > request.deadline:
+            raise TrainTimeout("the time limit was reached before the results were registered")
+        run.evaluate_incumbent(registry, CheckpointStore.for_data_dir(config.data_dir), instrument_set)
+        run.decide()
+        run.register(registry, floors_repo, CheckpointStore.for_data_dir(config.data_dir), current_floors)
+        summary.wall_s = time.monotonic() - started
+        return RunResult(summary, run.curves)
+    finally:
+        database.close()
+
+
+class _Run:
+    """The state of one run between its phases (see :func:`run_training`)."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        request: TrainRequest,
+        model_cfg: ModelConfig,
+        xp: Any,
+        bars: dict[str, InstrumentBars],
+        specs: list[InstrumentSpec],
+        folds: list[tuple[tuple[int, int, int, int], dict[str, tuple[int, int, int, int]]]],
+        summary: TrainSummary,
+        progress: Progress,
+    ) -> None:
+        self.config, self.request, self.model_cfg, self.xp = config, request, model_cfg, xp
+        self.bars, self.specs, self.folds, self.summary = bars, specs, folds, summary
+        self.progress = progress
+        self.curves = _Curves()
+        self.tests: list[tuple[FeatureNorm, list[tuple[InstrumentBars, int, int]]]] = []
+        self.params = init_params(model_cfg, np.random.default_rng(config.seed), xp=xp)
+        self.learner = Learner(model_cfg, config.train, self.params, seed=config.seed)
+        self.norm: FeatureNorm | None = None
+        self.early_q_move = 0.0
+        self.final_probe: tuple[float, float] = (0.0, 0.0)
+        self.fold_rows: list[dict[str, Any]] = []
+
+    # training ---------------------------------------------------------------------------------
+
+    def train_all(self) -> None:
+        cfg, s = self.config.train, self.summary
+        self.progress.start("train", len(self.folds) * cfg.epochs * cfg.steps_per_epoch)
+        for index, (edges, per) in enumerate(self.folds):
+            train_parts = [(self.bars[sym], a, e) for sym, (a, e, _, _) in per.items()]
+            test_parts = [(self.bars[sym], st, t) for sym, (_, _, st, t) in per.items()]
+            norm = fit_norm(train_parts)
+            data = build_env_data(
+                train_parts,
+                norm,
+                window=self.model_cfg.window,
+                horizon=self.model_cfg.return_horizon,
+                session_gap_s=cfg.session_gap_s,
+                xp=self.xp,
+            )
+            result = train_fold(
+                self.learner,
+                data,
+                cfg,
+                fold=index,
+                seed=self.config.seed,
+                deadline=self.request.deadline,
+                on_step=lambda: self.progress.advance("train"),
+            )
+            s.epochs.extend(result.epochs)
+            s.gates.extend(result.drift_events)
+            if index == 0:
+                moves = [abs(e.q_mean - result.q_initial) for e in result.epochs[: cfg.early_epochs]]
+                self.early_q_move = max(moves, default=0.0)
+            if result.halted:
+                s.halted = True
+                s.halt_reason = result.drift_events[-1].message
+                log.warning("fold %d: Q-drift halt: %s", index, s.halt_reason)
+                return
+            stats = probe_stats(self.learner, data, make_probe(data, cfg.probe_size))
+            self.final_probe = (stats.q_spread, stats.entropy)
+            self.norm = norm
+            self._test_fold(index, edges, norm, test_parts)
+
+    def _test_fold(
+        self,
+        index: int,
+        edges: tuple[int, int, int, int],
+        norm: FeatureNorm,
+        parts: list[tuple[InstrumentBars, int, int]],
+    ) -> None:
+        cfg = self.config.train
+        data = build_env_data(
+            parts,
+            norm,
+            window=self.model_cfg.window,
+            horizon=self.model_cfg.return_horizon,
+            session_gap_s=cfg.session_gap_s,
+            xp=self.xp,
+        )
+        self.tests.append((norm, parts))
+        ro = _evaluate(data, lambda obs, t: self.learner.greedy(obs), self.config)
+        self.curves.add("candidate", ro)
+        metrics = performance(ro.pnl, ro.cost, ro.traded, ro.held, ro.ts_ns, bucket_s=cfg.sharpe_bucket_s)
+        base: dict[str, Performance] = {}
+        for name in BASELINES:
+            bro = _evaluate(data, baseline_policy(name, self.xp, self.config.seed + index), self.config)
+            self.curves.add(name, bro)
+            base[name] = performance(
+                bro.pnl, bro.cost, bro.traded, bro.held, bro.ts_ns, bucket_s=cfg.sharpe_bucket_s
+            )
+        mix = np.bincount(ro.action, minlength=3) / max(ro.action.shape[0], 1)
+        self.summary.folds.append(
+            FoldSummary(
+                index=index,
+                train_ns=(edges[0], edges[1]),
+                test_ns=(edges[2], edges[3]),
+                sharpe=metrics.sharpe,
+                baselines={k: v.sharpe for k, v in base.items()},
+                incumbent_sharpe=None,
+                metrics=metrics,
+                baseline_metrics=base,
+                greedy_mix=mix.tolist(),
+            )
+        )
+        log.info(
+            "fold %d: OOS sharpe %.2f (flat %.2f, random %.2f, long %.2f), P&L %.2f",
+            index,
+            metrics.sharpe,
+            base["flat"].sharpe,
+            base["random"].sharpe,
+            base["long"].sharpe,
+            metrics.pnl,
+        )
+
+    # incumbent ----------------------------------------------------------------------------------
+
+    def evaluate_incumbent(
+        self, registry: ModelRegistry, store: CheckpointStore, instrument_set: str
+    ) -> None:
+        s = self.summary
+        if s.halted or not self.tests:
+            return
+        record = registry.current_promoted(instrument_set)
+        if record is None:
+            s.incumbent_note = "no promoted checkpoint for this instrument set"
+            return
+        s.incumbent_sha256 = record.sha256
+        try:
+            ckpt = checkpoint_from_bytes(store.get(record.sha256), expected_sha256=record.sha256)
+        except (CheckpointError, NotFound) as exc:
+            s.incumbent_note = f"incumbent unusable, compared with 0: {exc}"
+            log.warning("%s", s.incumbent_note)
+            return
+        if ckpt.feature_names != (*FEATURE_NAMES, *AGENT_FEATURES):
+            s.incumbent_note = "incumbent was trained on other features: it cannot run on this data"
+            log.warning("%s", s.incumbent_note)
+            return
+        params = {k: self.xp.asarray(v) for k, v in ckpt.params.items()}
+        inc = Learner(ckpt.config, self.config.train, params, seed=self.config.seed)
+        inc_norm = FeatureNorm(ckpt.norm_mean, ckpt.norm_std)
+        cfg = self.config.train
+        for i, (_, parts) in enumerate(self.tests):
+            data = build_env_data(
+                parts,
+                inc_norm,
+                window=ckpt.config.window,
+                horizon=ckpt.config.return_horizon,
+                session_gap_s=cfg.session_gap_s,
+                xp=self.xp,
+            )
+            ro = _evaluate(data, lambda obs, t, inc=inc: inc.greedy(obs), self.config)
+            self.curves.add("incumbent", ro)
+            fold_perf = performance(
+                ro.pnl, ro.cost, ro.traded, ro.held, ro.ts_ns, bucket_s=cfg.sharpe_bucket_s
+            )
+            s.folds[i] = msgspec.structs.replace(s.folds[i], incumbent_sharpe=fold_perf.sharpe)
+        s.incumbent_sharpe = self.curves.performance("incumbent", cfg.sharpe_bucket_s).sharpe
+
+    # gates ------------------------------------------------------------------------------------
+
+    def decide(self) -> None:
+        s, cfg = self.summary, self.config.train
+        if s.halted:
+            s.gates.append(
+                promotion(
+                    halted=True,
+                    kills_passed=False,
+                    sharpe=float("nan"),
+                    incumbent_sharpe=None,
+                    max_drawdown=float("nan"),
+                    config=cfg,
+                )
+            )
+            return
+        s.oos = self.curves.performance("candidate", cfg.sharpe_bucket_s)
+        s.oos_baselines = {name: self.curves.performance(name, cfg.sharpe_bucket_s) for name in BASELINES}
+        kills = kill_criteria(
+            q_spread=self.final_probe[0],
+            entropy=self.final_probe[1],
+            pnl=s.oos.pnl,
+            random_pnl=s.oos_baselines["random"].pnl,
+            early_q_move=self.early_q_move,
+            config=cfg,
+        )
+        s.gates.extend(kills)
+        s.gates.append(
+            promotion(
+                halted=False,
+                kills_passed=all(k.passed for k in kills),
+                sharpe=s.oos.sharpe,
+                incumbent_sharpe=s.incumbent_sharpe,
+                max_drawdown=s.oos.max_drawdown,
+                config=cfg,
+            )
+        )
+
+    # registry ---------------------------------------------------------------------------------
+
+    def _floor_targets(self) -> dict[str, float | None]:
+        if not self.folds:
+            return {}
+        _, per = self.folds[-1]
+        regime: RegimeConfig = self.config.regime
+        return {
+            sym: floor_target(vol_ema_of(_log_returns(self.bars[sym], a, e), regime), regime.floor_quantile)
+            for sym, (a, e, _, _) in per.items()
+        }
+
+    def _median_sq_returns(self) -> dict[str, float]:
+        _, per = self.folds[-1]
+        out = {}
+        for sym, (a, e, _, _) in per.items():
+            lr = _log_returns(self.bars[sym], a, e)
+            out[sym] = float(np.median(lr**2)) if lr.size else 0.0
+        return out
+
+    def register(
+        self,
+        registry: ModelRegistry,
+        floors_repo: LearnedFloors,
+        store: CheckpointStore,
+        current: dict[str, Any],
+    ) -> None:
+        s, cfg = self.summary, self.config.train
+        run_id = registry.start_run(
+            instrument_set=s.instrument_set,
+            config={
+                "train": msgspec.to_builtins(cfg),
+                "model": msgspec.to_builtins(self.model_cfg),
+                "seed": self.config.seed,
+                "data": str(self.request.data),
+            },
+        )
+        s.run_id = run_id
+        for fold in s.folds:
+            registry.record_fold(
+                run_id,
+                fold.index,
+                train_ns=fold.train_ns,
+                test_ns=fold.test_ns,
+                metrics={
+                    "sharpe": fold.sharpe,
+                    "baselines": fold.baselines,
+                    "incumbent_sharpe": fold.incumbent_sharpe,
+                    **msgspec.to_builtins(fold.metrics),
+                },
+            )
+        for event in s.gates:
+            registry.record_gate_event(
+                run_id,
+                event.kind,
+                passed=event.passed,
+                values=event.values,
+                fold_index=event.fold_index,
+                epoch=event.epoch,
+                message=event.message,
+            )
+        decision = s.gates[-1]
+        if self.norm is not None and all(bool(self.xp.isfinite(p).all()) for p in self.params.values()):
+            blob = checkpoint_to_bytes(
+                self.params,
+                self.model_cfg,
+                feature_names=(*FEATURE_NAMES, *AGENT_FEATURES),
+                norm_mean=self.norm.mean,
+                norm_std=self.norm.std,
+                metadata=self._metadata(run_id),
+            )
+            sha = store.put(blob)
+            s.candidate_sha256 = sha
+            registry.register_candidate(
+                sha256=sha,
+                instrument_set=s.instrument_set,
+                layout_fingerprint=layout_fingerprint(param_shapes(self.model_cfg)),
+                path=str(store.path(sha)),
+                metrics=_candidate_metrics(s),
+                run_id=run_id,
+            )
+            if not decision.passed:
+                registry.reject(sha, reason=decision.message)
+                s.candidate_status = "rejected"
+            elif self.request.promote:
+                registry.promote(sha, by=f"train run {run_id}")
+                s.candidate_status, s.promoted = "promoted", True
+            else:
+                s.candidate_status = "candidate"
+        self._update_floors(floors_repo, current, run_id)
+        registry.finish_run(
+            run_id, status="halted" if s.halted else "succeeded", summary=_candidate_metrics(s)
+        )
+
+    def _update_floors(self, floors_repo: LearnedFloors, current: dict[str, Any], run_id: int) -> None:
+        regime = self.config.regime
+        ids = {spec.symbol: spec.instrument_id for spec in self.specs}
+        for sym, target in self._floor_targets().items():
+            previous = current.get(sym)
+            prev_value = float(previous.value) if previous is not None else None
+            value = next_floor(prev_value, target, regime.floor_rate)
+            if value is not None and value != prev_value:
+                floors_repo.update(ids[sym], VOL_REF_FLOOR, value, run_id=run_id, source="train")
+            self.summary.floors[sym] = {"previous": prev_value, "target": target, "value": value}
+
+    def _metadata(self, run_id: int) -> dict[str, Any]:
+        s, cfg = self.summary, self.config.train
+        return {
+            "run_id": run_id,
+            "seed": self.config.seed,
+            "instrument_set": s.instrument_set,
+            "reward_scale": cfg.reward_scale,
+            "upnl_clip": UPNL_CLIP,
+            "bars": msgspec.to_builtins(self.config.feeds.bars),
+            "oos_sharpe": s.oos.sharpe if s.oos else None,
+            "regime_median_sq_return": self._median_sq_returns(),
+            "folds": [[f.train_ns[0], f.train_ns[1], f.test_ns[0], f.test_ns[1]] for f in s.folds],
+        }
+
+
+def _candidate_metrics(s: TrainSummary) -> dict[str, Any]:
+    def clean(v: float | None) -> float | None:
+        return v if v is None or math.isfinite(v) else None
+
+    return {
+        "oos": msgspec.to_builtins(s.oos) if s.oos else None,
+        "oos_baselines": {k: clean(v.sharpe) for k, v in s.oos_baselines.items()},
+        "fold_sharpe": [clean(f.sharpe) for f in s.folds],
+        "incumbent_sharpe": clean(s.incumbent_sharpe),
+        "halted": s.halted,
+        "halt_reason": s.halt_reason,
+    }
