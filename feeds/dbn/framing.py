@@ -27,6 +27,7 @@ __all__ = [
     "RECORD_SIZES",
     "check_mbp10",
     "concat_mbp10",
+    "is_rust_panic",
     "mbp10_header_ok",
     "take_mbp10",
 ]
@@ -74,6 +75,12 @@ def _record_sizes() -> dict[int, dict[int, int]]:
 RECORD_SIZES: dict[int, dict[int, int]] = _record_sizes()
 """DBN version (1-3) -> rtype -> record size in bytes without ``ts_out``."""
 assert all(sizes[MBP10_RTYPE] == MBP10_SIZE for sizes in RECORD_SIZES.values())
+
+
+def is_rust_panic(exc: BaseException) -> bool:
+    """A Rust panic inside databento_dbn surfaces as pyo3's ``PanicException``, which derives
+    from ``BaseException`` and is not importable by name."""
+    return type(exc).__name__ == "PanicException"
 
 
 def mbp10_header_ok(records: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:

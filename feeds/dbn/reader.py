@@ -20,10 +20,11 @@ import databento
 import databento_dbn
 import numpy as np
 import numpy.typing as npt
+import zstandard
 from databento.common.dbnstore import FileDataSource
 from databento.common.error import BentoError, BentoWarning
 
-from feeds.dbn.framing import check_mbp10, concat_mbp10, take_mbp10
+from feeds.dbn.framing import check_mbp10, concat_mbp10, is_rust_panic, take_mbp10
 from feeds.errors import DBNFormatError
 
 __all__ = ["DBNInfo", "dbn_files", "iter_mbp10", "read_mbp10", "read_metadata"]
@@ -72,21 +73,33 @@ def dbn_files(path: str | Path) -> list[Path]:
     return [p]
 
 
+_FAILURES = (BentoError, BentoWarning, databento_dbn.DBNError, zstandard.ZstdError, ValueError, OSError)
+"""What Databento's reader and zstandard raise on bad bytes (the fuzz tests found each)."""
+
+
+@contextmanager
+def _format_errors(what: str) -> Iterator[None]:
+    """Turn the libraries' failures (and Rust panics) into :class:`DBNFormatError`."""
+    try:
+        yield
+    except _FAILURES as exc:
+        raise DBNFormatError(f"{what}: {exc}") from None
+    except BaseException as exc:
+        if is_rust_panic(exc):
+            raise DBNFormatError(f"{what}: decoder panic: {exc}") from None
+        raise
+
+
 @contextmanager
 def _opened(path: Path) -> Iterator[databento.DBNStore]:
     """A DBNStore over ``path`` whose file is closed on exit, also when the store cannot be
     built (``DBNStore.from_file`` leaves that to the garbage collector)."""
-    try:
+    with _format_errors(f"{path}: not a readable DBN file"):
         source = FileDataSource(path)
-    except (ValueError, OSError) as exc:
-        raise DBNFormatError(f"{path}: not a readable DBN file: {exc}") from None
     try:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", BentoWarning)
-                store = databento.DBNStore(source)
-        except (BentoError, BentoWarning, databento_dbn.DBNError, ValueError, OSError) as exc:
-            raise DBNFormatError(f"{path}: not a readable DBN file: {exc}") from None
+        with _format_errors(f"{path}: not a readable DBN file"), warnings.catch_warnings():
+            warnings.simplefilter("error", BentoWarning)
+            store = databento.DBNStore(source)
         yield store
     finally:
         source.reader.close()
@@ -140,17 +153,21 @@ def _chunks(path: Path, chunk_records: int) -> Iterator[npt.NDArray[np.void]]:
     decoded = 0
     with _opened(path) as store:
         _require_mbp10(path, store)
-        try:
-            with warnings.catch_warnings():
+        with _format_errors(f"{path}: corrupt records"):
+            chunks = store.to_ndarray(count=chunk_records)
+        while True:
+            with (
+                _format_errors(f"{path}: corrupt or truncated after {decoded} records"),
+                warnings.catch_warnings(),
+            ):
                 warnings.simplefilter("error", BentoWarning)
-                for chunk in store.to_ndarray(count=chunk_records):
-                    records: npt.NDArray[np.void] = chunk
-                    check_mbp10(records, f"{path} (records {decoded}..{decoded + len(records)})")
-                    decoded += len(records)
-                    if len(records):
-                        yield records
-        except (BentoError, BentoWarning, databento_dbn.DBNError, ValueError, OSError) as exc:
-            raise DBNFormatError(f"{path}: corrupt or truncated after {decoded} records: {exc}") from None
+                records: npt.NDArray[np.void] | None = next(chunks, None)
+            if records is None:
+                return
+            check_mbp10(records, f"{path} (records {decoded}..{decoded + len(records)})")
+            decoded += len(records)
+            if len(records):
+                yield records
 
 
 def _ordered_infos(path: str | Path) -> list[DBNInfo]:

@@ -40,6 +40,7 @@ from feeds.dbn.framing import (
     MBP10_SIZE,
     RECORD_SIZES,
     check_mbp10,
+    is_rust_panic,
 )
 from feeds.records import MBP10_DTYPE, MBP10_RTYPE
 
@@ -66,11 +67,6 @@ class StreamCounters:
     rejected_bytes: int = 0
     other_records: Counter[int] = field(default_factory=Counter)
     """Well-framed records of other types, by ``rtype``."""
-
-
-def _is_rust_panic(exc: BaseException) -> bool:
-    """A Rust panic inside databento_dbn surfaces as pyo3's PanicException (a BaseException)."""
-    return type(exc).__name__ == "PanicException"
 
 
 class StreamDecoder:
@@ -200,7 +196,7 @@ class StreamDecoder:
         try:
             decoded = databento_dbn.DBNDecoder(has_metadata=True).write_and_decode(buf[:total])
         except BaseException as exc:
-            if not isinstance(exc, databento_dbn.DBNError | ValueError) and not _is_rust_panic(exc):
+            if not isinstance(exc, databento_dbn.DBNError | ValueError) and not is_rust_panic(exc):
                 raise
             decoded = []
         metadata = decoded[0] if decoded else None

@@ -58,13 +58,13 @@ def _one_second_bars(
     ts = records["ts_recv"].astype(np.int64)
     second = (ts - ts[0]) // 1_000_000_000
     bars = int(second[-1]) + 1
-    bar_ofi = np.bincount(second, weights=ofi, minlength=bars)
+    bar_ofi: npt.NDArray[np.float64] = np.bincount(second, weights=ofi, minlength=bars).astype(np.float64)
     mid = (px[:, 0] + px[:, LEVELS]) / (2 * TICK)
     last = np.zeros(bars, dtype=np.int64)
     last[second] = np.arange(len(records))  # the last record of each bar wins
     last = np.maximum.accumulate(np.where(np.isin(np.arange(bars), second), last, 0))
     close = mid[last]
-    bar_return = np.diff(close, prepend=mid[0])
+    bar_return: npt.NDArray[np.float64] = np.diff(close, prepend=mid[0]).astype(np.float64)
     return bar_ofi, bar_return
 
 
@@ -163,7 +163,7 @@ def test_files_are_deterministic_with_metadata_and_symbology(tmp_path: Path) -> 
     assert a[0].read_bytes() != c[0].read_bytes()
     for path, day in zip(a, (dt.date(2024, 3, 8), dt.date(2024, 3, 11)), strict=True):
         store = databento.DBNStore.from_bytes(path.read_bytes())
-        assert store.schema == "mbp-10" and store.dataset == "SYNTH"
+        assert str(store.schema) == "mbp-10" and store.dataset == "SYNTH"
         assert {s: m[0]["symbol"] for s, m in store.symbology["mappings"].items()} == {
             "ES": "1001",
             "NQ": "1002",
