@@ -8,10 +8,13 @@ quantities whole contracts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
+
+from storage.errors import InvalidRecord
 
 __all__ = [
     "OPEN_ORDER_STATUSES",
@@ -43,11 +46,14 @@ RunStatus = Literal["running", "succeeded", "failed", "halted"]
 OPEN_ORDER_STATUSES: tuple[OrderStatus, ...] = ("new", "acked", "partially_filled")
 
 
-def instrument_set_key(symbols: list[str] | tuple[str, ...] | frozenset[str]) -> str:
-    """The canonical key of a set of instruments: sorted, de-duplicated, comma-joined."""
+def instrument_set_key(symbols: Iterable[str]) -> str:
+    """The canonical key of a set of instruments (``ModelRegistry``'s ``instrument_set``).
+
+    Sorted, de-duplicated, comma-joined symbols: ``["NQ", "ES", "ES"] -> "ES,NQ"``.
+    """
     cleaned = sorted({s.strip() for s in symbols if s.strip()})
-    if not cleaned:
-        raise ValueError("an instrument set needs at least one symbol")
+    if not cleaned or any("," in s for s in cleaned):
+        raise InvalidRecord(f"an instrument set needs symbols without commas, got {cleaned!r}")
     return ",".join(cleaned)
 
 

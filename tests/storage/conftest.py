@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from storage import Database, Instruments, StorageConfig, open_database
@@ -37,10 +36,9 @@ class Target:
     config: StorageConfig
     data_dir: Path
 
-    def open(self, **overrides: object) -> Database:
+    def open(self) -> Database:
         """Open (and for SQLite create and migrate) the database, as a process would."""
-        config = msgspec.structs.replace(self.config, **overrides) if overrides else self.config
-        return open_database(config, self.data_dir)
+        return open_database(self.config, self.data_dir)
 
 
 @pytest.fixture(scope="session")

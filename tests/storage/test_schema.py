@@ -11,15 +11,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 import storage
 from agent.cli import main
 from storage import StorageConfig, open_database
-from storage.errors import CorruptDatabase, DatabaseUnavailable, InvalidDatabaseURL, SchemaBehindHead
+from storage.errors import (
+    CorruptDatabase,
+    DatabaseUnavailable,
+    InvalidDatabaseURL,
+    InvalidRecord,
+    SchemaBehindHead,
+)
 from storage.models import Base
-from storage.schema import current_revision, head_revision, history, upgrade
+from storage.records import instrument_set_key
+from storage.schema import _alembic_config, current_revision, head_revision, history, upgrade
 from storage.scratch import scratch_database
 from tests.storage.conftest import PG_URL, Target
 
@@ -187,3 +195,25 @@ def test_public_surface_is_pinned() -> None:
         "apply_fill",
         "open_database",
     ]
+
+
+def test_migrations_downgrade_and_upgrade_again(target: Target) -> None:
+    with target.open() as db:
+        with db.connection() as connection, connection.begin():
+            command.downgrade(_alembic_config(connection), "base")
+        assert current_revision(db) is None
+        assert upgrade(db) == (None, head_revision())
+
+
+def test_sqlite_durability_setting_is_applied(tmp_path: Path) -> None:
+    with open_database(StorageConfig(sqlite_synchronous="normal"), tmp_path) as db:
+        sync = db.read(lambda s: s.connection().exec_driver_sql("PRAGMA synchronous").scalar(), what="t")
+        assert sync == 1  # NORMAL
+
+
+def test_instrument_set_key_is_canonical() -> None:
+    assert instrument_set_key(["NQ", " ES", "ES"]) == "ES,NQ"
+    with pytest.raises(InvalidRecord):
+        instrument_set_key([])
+    with pytest.raises(InvalidRecord):
+        instrument_set_key(["ES,NQ"])
