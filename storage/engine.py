@@ -21,8 +21,10 @@ connection lost or refused, serialization failure, deadlock) is rolled back and 
 exponential backoff and jitter until ``retry_deadline_s``; then the caller gets
 :class:`DatabaseUnavailable` (or the error its ``give_up`` builds, e.g. ``FillsNotPersisted``).
 A result is returned only after COMMIT succeeded: nothing is acknowledged that is not durable.
-A commit whose outcome is unknown (connection lost during COMMIT) is retried too, so every
-write function must be idempotent; the repositories' writes are.
+A commit whose outcome is unknown (connection lost during COMMIT) is retried too. The writes
+whose repetition would matter are idempotent (orders, fills, instruments, candidates,
+promotions, rejections, rollbacks, floors' current value); an append-only record (a train run,
+gate event, floor history entry, event or session) could in that rare case be stored twice.
 """
 
 from __future__ import annotations
