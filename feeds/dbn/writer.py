@@ -39,7 +39,7 @@ DBN_VERSION = 3
 ZSTD_LEVEL = 3
 WRITE_BLOCK_RECORDS = 1 << 18
 """write_mbp10 writes (and compresses) this many records per zstd frame."""
-NS_PER_DAY = 86_400 * 1_000_000_000
+_SCAN_SLICE = 1 << 20
 
 
 @dataclass(slots=True)
@@ -221,54 +221,69 @@ class DBNAppender:
         os.fsync(fd)
 
     def _resume(self, fd: int) -> None:
-        """Check the existing file's metadata, cut a torn tail, restore counters."""
+        """Check the existing file's metadata, cut a torn tail, restore the counters. Reads the
+        file in bounded slices, one zstd frame at a time (memory bounded by one frame)."""
         size = os.fstat(fd).st_size
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(size)
-        good_end, payloads = self._scan(data)
-        records = (
-            np.frombuffer(b"".join(payloads), dtype=MBP10_DTYPE) if payloads else np.empty(0, MBP10_DTYPE)
-        )
-        if not mbp10_header_ok(records).all():
-            raise DBNFormatError(f"{self.path}: existing file holds records that are not MBP-10")
+        good_end, count, last_ts = self._scan(fd, size)
         if good_end < size:
             os.ftruncate(fd, good_end)
             os.fsync(fd)
-        self.records_flushed = len(records)
-        self._last_ts = int(records["ts_recv"][-1]) if len(records) else 0
+        self.records_flushed = count
+        self._last_ts = last_ts
 
-    def _scan(self, data: bytes) -> tuple[int, list[bytes]]:
-        """Return (end of the last complete unit, record payloads) of an existing file."""
+    def _check_payload(self, payload: bytes) -> tuple[int, int]:
+        """(records, last ts_recv) of a run of record bytes; raise unless all are MBP-10."""
+        records = np.frombuffer(payload, dtype=MBP10_DTYPE)
+        if not mbp10_header_ok(records).all():
+            raise DBNFormatError(f"{self.path}: existing file holds records that are not MBP-10")
+        return len(records), int(records["ts_recv"][-1]) if len(records) else 0
+
+    def _scan(self, fd: int, size: int) -> tuple[int, int, int]:
+        """(end of the last complete frame or record, records, last ts_recv) of an existing file."""
         meta_len = len(self._metadata)
+        offset, count, last_ts = 0, 0, 0
         if not self._zstd:
-            if data[:meta_len] != self._metadata:
+            if os.pread(fd, meta_len, 0) != self._metadata:
                 raise DBNFormatError(f"{self.path}: exists with different metadata; cannot resume it")
-            whole = (len(data) - meta_len) // MBP10_SIZE * MBP10_SIZE
-            return meta_len + whole, [data[meta_len : meta_len + whole]]
-        view = memoryview(data)
-        offset = 0
-        payloads: list[bytes] = []
-        while offset < len(data):
-            frame = zstandard.ZstdDecompressor().decompressobj()
-            try:
-                out = frame.decompress(view[offset:])
-            except zstandard.ZstdError:
-                break
-            if not frame.eof:
+            end = meta_len + (size - meta_len) // MBP10_SIZE * MBP10_SIZE
+            step = _SCAN_SLICE // MBP10_SIZE * MBP10_SIZE
+            for begin in range(meta_len, end, step):
+                n, ts = self._check_payload(os.pread(fd, min(step, end - begin), begin))
+                count, last_ts = count + n, ts
+            return end, count, last_ts
+        while offset < size:
+            frame = _read_frame(fd, offset, size)
+            if frame is None:
                 break  # torn frame: written partly when the process died
+            payload, frame_end = frame
             if offset == 0:
-                if out != self._metadata:
+                if payload != self._metadata:
                     raise DBNFormatError(f"{self.path}: exists with different metadata; cannot resume it")
-            elif len(out) % MBP10_SIZE:
+            elif len(payload) % MBP10_SIZE:
                 break
             else:
-                payloads.append(out)
-            offset = len(data) - len(frame.unused_data)
+                n, ts = self._check_payload(payload)
+                count, last_ts = count + n, ts if n else last_ts
+            offset = frame_end
         if offset == 0:
-            raise DBNFormatError(
-                f"{self.path}: exists but its metadata frame is unreadable; cannot resume it"
-            )
-        return offset, payloads
+            raise DBNFormatError(f"{self.path}: exists, but its metadata frame is unreadable; cannot resume")
+        return offset, count, last_ts
+
+
+def _read_frame(fd: int, offset: int, size: int) -> tuple[bytes, int] | None:
+    """Decompress the zstd frame starting at ``offset`` of ``fd``: (content, offset after the
+    frame), or None when the frame is corrupt or incomplete. Input is read in bounded slices."""
+    frame = zstandard.ZstdDecompressor().decompressobj()
+    parts: list[bytes] = []
+    pos = offset
+    try:
+        while not frame.eof and pos < size:
+            piece = os.pread(fd, _SCAN_SLICE, pos)
+            parts.append(frame.decompress(piece))
+            pos += len(piece) - len(frame.unused_data) if frame.eof else len(piece)
+    except zstandard.ZstdError:
+        return None
+    return (b"".join(parts), pos) if frame.eof else None
 
 
 def write_mbp10(
