@@ -29,6 +29,7 @@ from storage.models import Base
 from storage.records import instrument_set_key
 from storage.schema import _alembic_config, current_revision, head_revision, history, upgrade
 from storage.scratch import scratch_database
+from tests.conftest import skip_or_fail
 from tests.storage.conftest import PG_URL, Target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,7 +115,7 @@ def test_postgres_behind_head_names_the_fix_and_cli_upgrades_it(
     pg_template: tuple[str | None, str], cli: Callable[..., Ran]
 ) -> None:
     if pg_template[0] is None:
-        pytest.skip("covered by the parametrised PostgreSQL cases")
+        skip_or_fail(f"PostgreSQL at TRADEAGENT_TEST_PG_URL is not usable: {pg_template[1]}")
     with scratch_database(PG_URL, prefix="tradeagent_test") as url:
         text = url.render_as_string(hide_password=False)
         with pytest.raises(SchemaBehindHead, match=r"run `tradeagent db upgrade`"):
