@@ -25,13 +25,12 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
-from agent.config import Config
 from agent.gpu.backend import Backend, select_backend
 from agent.gpu.engine import InferenceEngine
 from agent.kernels.loader import cupy
@@ -41,6 +40,9 @@ from agent.model.losses import c51_loss_and_grad, return_loss_and_grad
 from agent.model.network import backward, forward
 from agent.model.optim import Adam, clip_grad_norm
 from agent.model.params import init_params
+
+if TYPE_CHECKING:  # the benchmark reads only config.device, .model and .policy
+    from agent.config import Config
 
 __all__ = ["add_arguments", "run"]
 

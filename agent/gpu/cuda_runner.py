@@ -42,6 +42,9 @@ from agent.policy.config import PolicyConfig
 __all__ = ["CudaRunner", "batch_buckets"]
 
 N_ACTIONS = 3
+LATENCY_BUCKET = 64
+"""Buckets up to this size run the fused forward's latency variant (more threads a window)."""
+LATENCY_THREADS, THROUGHPUT_THREADS = 512, 256
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -215,6 +218,7 @@ class CudaRunner:
             slots,
             q_logits=model.q_logits[:n],
             ret_logits=model.ret_logits[:n],
+            threads=LATENCY_THREADS if n <= LATENCY_BUCKET else THROUGHPUT_THREADS,
         )
         softmax_ev(
             model.q_logits[:n].reshape(n * a, atoms),

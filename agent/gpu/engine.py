@@ -136,6 +136,8 @@ class InferenceEngine:
         self.tick_values = ticks
         self._bars = np.zeros(ticks.size, dtype=np.int64)
         self._steps = np.zeros(ticks.size, dtype=np.uint64)
+        self._mark = np.zeros(ticks.size, dtype=np.int64)
+        self._rows = np.arange(max_batch, dtype=np.int64)
         self._lock = threading.Lock()
         self._runner = _make_runner(
             backend,
@@ -239,8 +241,11 @@ class InferenceEngine:
         n = s.size
         if s.min() < 0 or s.max() >= self.n_slots:
             raise InferenceError(f"slot out of range [0, {self.n_slots})")
-        if n > 1 and np.unique(s).size != n:
-            raise InferenceError("a slot appears twice in one decision batch")
+        if n > 1:
+            mark = self._mark  # O(B) duplicate check: a repeated slot keeps only its last row index
+            mark[s] = self._rows[:n]
+            if not np.array_equal(mark[s], self._rows[:n]):
+                raise InferenceError("a slot appears twice in one decision batch")
         f = np.asarray(features, dtype=np.float32)
         if f.shape != (n, self.n_features):
             raise InferenceError(f"features must be ({n}, {self.n_features}), got {f.shape}")
@@ -253,7 +258,7 @@ class InferenceEngine:
                 f"positions, regime_scale and healthy must have {n} entries: {exc}"
             ) from None
         s32 = s.astype(np.int32)
-        push = ok & np.isfinite(f).all(axis=1)
+        push = ok & np.isfinite(f.sum(axis=1))  # NaN/inf anywhere (or an overflowing row) rejects it
         tradable = push & (self._bars[s32] + 1 >= self.window)
         return Batch(s32, f, pos, regime, push, tradable, self._steps[s32])
 

@@ -60,9 +60,9 @@ extern "C" __global__ void kelly_kernel(const float* __restrict__ ret_probs,
             for (int it = 0; it < KELLY_ITERATIONS; ++it) {
                 double g1 = 0.0, g2 = 0.0;
                 for (int i = 0; i < bins; ++i) {
-                    const double den = 1.0 + f * r[i];
-                    g1 += p[i] * r[i] / den;
-                    g2 -= p[i] * r[i] * r[i] / (den * den);
+                    const double q = r[i] / (1.0 + f * r[i]);  // one division per bin
+                    g1 += p[i] * q;
+                    g2 -= p[i] * q * q;
                 }
                 if (g1 > 0.0) lo = f; else hi = f;
                 double next = f - g1 / g2;

@@ -5,14 +5,21 @@
 // Shapes and the packed parameter layout come from the Python wrapper as macros:
 //   MF_K window, MF_F features, MF_D d_model, MF_L layers, MF_DI inner width, MF_H heads,
 //   MF_P headdim, MF_G groups, MF_N d_state, MF_W conv width, MF_NQ = A * atoms, MF_NR bins;
-//   OFF_* offsets into the packed float32 buffer (weights stored transposed, in x out order).
+//   OFF_* offsets into the packed float32 buffer (weights stored transposed, in x out order);
+//   MF_THREADS and MF_TG pick a variant: more threads and shorter row tiles for latency at
+//   small batches, fewer threads and longer tiles (more reuse per load) for throughput.
 // In the last block only the last time step feeds the heads, so its gate, norm, out_proj and
 // residual run for t = K-1 only (the scan still runs over the whole window).
 
 #define MF_CD (MF_DI + 2 * MF_G * MF_N)
 #define MF_IP (2 * MF_DI + 2 * MF_G * MF_N + MF_H)
 #define MF_EPS 1e-5f
-#define MF_THREADS 256
+#ifndef MF_THREADS
+#define MF_THREADS 256  // threads per block (one window per block)
+#endif
+#ifndef MF_TG
+#define MF_TG 8  // time steps per matmul work item
+#endif
 #define MF_WARPS (MF_THREADS / 32)
 
 __device__ __forceinline__ float mf_sigmoid(float x) {
@@ -31,39 +38,82 @@ __device__ __forceinline__ float mf_warp_sum(float v) {
 }
 
 // out[t, j] (+)= bias[j] + sum_k in[t, k] * Wt[k, j] for t in [t0, t0 + nt), j in [j0, j1).
-// Each work item owns one output column j and TG consecutive rows: one weight load feeds TG
-// multiply-adds; consecutive threads take consecutive j (coalesced weight loads, broadcast
-// shared-memory reads of `in`).
-template <int TG>
-__device__ __forceinline__ void mf_matmul(const float* in, int ldi, int kdim,
-                                          const float* __restrict__ Wt, int nout,
-                                          const float* __restrict__ bias, float* out, int ldo,
-                                          int j0, int j1, int t0, int nt, bool accumulate) {
-    const int nj = j1 - j0;
+// Register tiling: each work item owns JT consecutive output columns and TG consecutive rows
+// (TG * JT accumulators); consecutive threads take consecutive column groups (coalesced
+// weight loads). The vector form (JT = 4) reads `in` four k at a time as float4 and the
+// weights as float4: per four k, TG + 4 wide loads feed 16 TG multiply-adds. It needs kdim,
+// ldi, nout and j0 divisible by 4 and 16-byte aligned bases (the packed layout aligns every
+// tensor); other shapes take the scalar form (JT = 1).
+template <int TG, int JT>
+__device__ __forceinline__ void mf_matmul_tile(const float* in, int ldi, int kdim,
+                                               const float* __restrict__ Wt, int nout,
+                                               const float* __restrict__ bias, float* out, int ldo,
+                                               int j0, int j1, int t0, int nt, bool accumulate) {
+    const int ngroups = (j1 - j0) / JT;
     const int ntg = (nt + TG - 1) / TG;
-    for (int item = threadIdx.x; item < nj * ntg; item += MF_THREADS) {
-        const int j = j0 + item % nj;
-        const int tb = t0 + (item / nj) * TG;
+    for (int item = threadIdx.x; item < ngroups * ntg; item += MF_THREADS) {
+        const int j = j0 + (item % ngroups) * JT;
+        const int tb = t0 + (item / ngroups) * TG;
         int rows[TG];
-        float acc[TG];
+        float acc[TG][JT];
 #pragma unroll
         for (int i = 0; i < TG; ++i) {
             rows[i] = min(tb + i, t0 + nt - 1) * ldi;
-            acc[i] = 0.0f;
-        }
-        for (int k = 0; k < kdim; ++k) {
-            const float w = __ldg(Wt + (size_t)k * nout + j);
 #pragma unroll
-            for (int i = 0; i < TG; ++i) acc[i] += in[rows[i] + k] * w;
+            for (int c = 0; c < JT; ++c) acc[i][c] = 0.0f;
         }
-        const float b0 = bias != nullptr ? __ldg(bias + j) : 0.0f;
+        if constexpr (JT == 4) {
+            for (int k = 0; k < kdim; k += 4) {
+                float w[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    const float4 v = __ldg(reinterpret_cast<const float4*>(Wt + (size_t)(k + kk) * nout + j));
+                    w[kk][0] = v.x;
+                    w[kk][1] = v.y;
+                    w[kk][2] = v.z;
+                    w[kk][3] = v.w;
+                }
+#pragma unroll
+                for (int i = 0; i < TG; ++i) {
+                    const float4 a = *reinterpret_cast<const float4*>(in + rows[i] + k);
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        acc[i][c] += a.x * w[0][c];
+                        acc[i][c] += a.y * w[1][c];
+                        acc[i][c] += a.z * w[2][c];
+                        acc[i][c] += a.w * w[3][c];
+                    }
+                }
+            }
+        } else {
+            for (int k = 0; k < kdim; ++k) {
+                const float w = __ldg(Wt + (size_t)k * nout + j);
+#pragma unroll
+                for (int i = 0; i < TG; ++i) acc[i][0] += in[rows[i] + k] * w;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < TG; ++i) {
             if (tb + i < t0 + nt) {
-                float* o = out + (tb + i) * ldo + j;
-                *o = (accumulate ? *o : 0.0f) + b0 + acc[i];
+#pragma unroll
+                for (int c = 0; c < JT; ++c) {
+                    float* o = out + (tb + i) * ldo + j + c;
+                    const float b0 = bias != nullptr ? __ldg(bias + j + c) : 0.0f;
+                    *o = (accumulate ? *o : 0.0f) + b0 + acc[i][c];
+                }
             }
         }
+    }
+}
+
+template <int TG>
+__device__ __forceinline__ void mf_matmul(const float* in, int ldi, int kdim, const float* __restrict__ Wt,
+                                          int nout, const float* __restrict__ bias, float* out, int ldo,
+                                          int j0, int j1, int t0, int nt, bool accumulate) {
+    if (((kdim | ldi | nout | j0 | j1) & 3) == 0) {
+        mf_matmul_tile<TG, 4>(in, ldi, kdim, Wt, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
+    } else {
+        mf_matmul_tile<TG, 1>(in, ldi, kdim, Wt, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
     }
 }
 
@@ -100,7 +150,7 @@ mamba_forward_kernel(const float* __restrict__ P, const float* __restrict__ wind
         zx[i] = (win[i] - __ldg(P + OFF_MEAN + f)) / __ldg(P + OFF_STD + f);
     }
     __syncthreads();
-    mf_matmul<8>(zx, MF_F, MF_F, P + OFF_EMB_WT, MF_D, P + OFF_EMB_B, hs, MF_D, 0, MF_D, 0, MF_K, false);
+    mf_matmul<MF_TG>(zx, MF_F, MF_F, P + OFF_EMB_WT, MF_D, P + OFF_EMB_B, hs, MF_D, 0, MF_D, 0, MF_K, false);
     __syncthreads();
 
     for (int layer = 0; layer < MF_L; ++layer) {
@@ -111,11 +161,11 @@ mamba_forward_kernel(const float* __restrict__ P, const float* __restrict__ wind
         mf_rmsnorm_rows(hs, us, blk + BLK_NORM, 0);
         __syncthreads();
         // in_proj: x, B, C, dt for every step; z only where the output is needed.
-        mf_matmul<8>(us, MF_D, MF_D, blk + BLK_WIN_T, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP, 0, MF_K, false);
+        mf_matmul<MF_TG>(us, MF_D, MF_D, blk + BLK_WIN_T, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP, 0, MF_K, false);
         if (last) {
             mf_matmul<1>(us, MF_D, MF_D, blk + BLK_WIN_T, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, t_out, 1, false);
         } else {
-            mf_matmul<8>(us, MF_D, MF_D, blk + BLK_WIN_T, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, 0, MF_K, false);
+            mf_matmul<MF_TG>(us, MF_D, MF_D, blk + BLK_WIN_T, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, 0, MF_K, false);
         }
         __syncthreads();
 
@@ -203,7 +253,7 @@ mamba_forward_kernel(const float* __restrict__ P, const float* __restrict__ wind
             mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, blk + BLK_WOUT_T, MF_D, nullptr, hs, MF_D, 0, MF_D,
                          t_out, 1, true);
         } else {
-            mf_matmul<8>(zx + MF_DI, MF_IP, MF_DI, blk + BLK_WOUT_T, MF_D, nullptr, hs, MF_D, 0, MF_D, 0,
+            mf_matmul<MF_TG>(zx + MF_DI, MF_IP, MF_DI, blk + BLK_WOUT_T, MF_D, nullptr, hs, MF_D, 0, MF_D, 0,
                          MF_K, true);
         }
         __syncthreads();

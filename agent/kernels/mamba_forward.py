@@ -9,6 +9,7 @@ offsets are compile-time constants (one compiled module per model shape, cached)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,14 +22,26 @@ from agent.model.config import ModelConfig
 from agent.model.network import forward
 from agent.model.params import block_prefix, param_shapes
 
-__all__ = ["ForwardLayout", "forward_layout", "mamba_forward", "mamba_forward_ref", "pack_params"]
+__all__ = ["VARIANTS", "ForwardLayout", "forward_layout", "mamba_forward", "mamba_forward_ref", "pack_params"]
 
-_THREADS = 256
+VARIANTS = {256: 8, 512: 4}
+"""Threads per block -> time steps per matmul tile: 512 threads for latency at small batches,
+256 for throughput at large ones (more weight reuse per load, more blocks per SM)."""
+_ALIGN = 4
+"""Every tensor starts on a 16-byte boundary (float4 loads in the kernel)."""
+
+
+_OPTED_IN: set[tuple[str, ...]] = set()
+
+
+def _aligned(pos: int) -> int:
+    return -(-pos // _ALIGN) * _ALIGN
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardLayout:
-    """Offsets (in floats) of the packed parameter buffer and the kernel's launch shape."""
+    """Offsets (in floats, multiples of 4) of the packed parameter buffer and the kernel's
+    launch shape."""
 
     offsets: dict[str, int]
     """Global offsets (``OFF_*``) and offsets inside one block (``BLK_*``, plus BLK_STRIDE)."""
@@ -40,6 +53,7 @@ class ForwardLayout:
     """NVRTC ``-D`` options that fix the shapes and offsets."""
 
 
+@functools.cache
 def forward_layout(cfg: ModelConfig) -> ForwardLayout:
     """The packed layout for ``cfg`` (``n_features`` resolved)."""
     param_shapes(cfg)  # raises ModelError while n_features is unresolved
@@ -60,7 +74,7 @@ def forward_layout(cfg: ModelConfig) -> ForwardLayout:
     pos = 0
     for name, size in block.items():
         offsets[name] = pos
-        pos += size
+        pos = _aligned(pos + size)
     offsets["BLK_STRIDE"] = pos
     glob = {
         "OFF_EMB_WT": f * d,
@@ -77,7 +91,7 @@ def forward_layout(cfg: ModelConfig) -> ForwardLayout:
     pos = 0
     for name, size in glob.items():
         offsets[name] = pos
-        pos += size
+        pos = _aligned(pos + size)
     dims = {
         "MF_K": cfg.window,
         "MF_F": f,
@@ -108,7 +122,7 @@ def pack_params(
     :func:`agent.model.params.param_shapes`; the caller validates them first."""
     layout = forward_layout(cfg)
     off = layout.offsets
-    out = np.empty(layout.total, dtype=np.float32)
+    out = np.zeros(layout.total, dtype=np.float32)
 
     def put(at: int, value: npt.ArrayLike) -> None:
         flat = np.ascontiguousarray(value, dtype=np.float32).ravel()
@@ -170,24 +184,29 @@ def mamba_forward(
     *,
     q_logits: Any = None,
     ret_logits: Any = None,
+    threads: int = 256,
 ) -> tuple[Any, Any]:
     """Device forward (CuPy): packed (total,) float32 from :func:`pack_params` (on the device),
     window (S, K, F) float32, slots (B,) int32 (negative: padded row, outputs unwritten).
 
     Returns q_logits (B, A * atoms) and ret_logits (B, bins), float32; outputs may be
-    preallocated (the engine passes its own buffers).
+    preallocated (the engine passes its own buffers). ``threads`` picks a variant of
+    :data:`VARIANTS`.
     """
     cp = cupy()
     layout = forward_layout(cfg)
     rows = slots.shape[0]
     q_logits = cp.empty((rows, cfg.n_actions * cfg.n_atoms), cp.float32) if q_logits is None else q_logits
     ret_logits = cp.empty((rows, cfg.return_bins), cp.float32) if ret_logits is None else ret_logits
-    fn = kernel("mamba_forward.cu", "mamba_forward_kernel", options=layout.options)
-    fn.max_dynamic_shared_size_bytes = layout.shared_bytes
+    options = (*layout.options, f"-DMF_THREADS={threads}", f"-DMF_TG={VARIANTS[threads]}")
+    fn = kernel("mamba_forward.cu", "mamba_forward_kernel", options=options)
+    if options not in _OPTED_IN:  # above 48 KiB of shared memory a kernel must opt in, once
+        fn.max_dynamic_shared_size_bytes = layout.shared_bytes
+        _OPTED_IN.add(options)
     if rows:
         fn(
             (rows,),
-            (_THREADS,),
+            (threads,),
             (packed, window, slots, q_logits, ret_logits),
             shared_mem=layout.shared_bytes,
         )

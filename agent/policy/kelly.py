@@ -75,9 +75,9 @@ def kelly_fraction_exact(returns: npt.ArrayLike, probs: npt.ArrayLike) -> npt.ND
     f = mu / second
     f = np.where(f < hi, f, 0.5 * hi)
     for _ in range(MAX_NEWTON_ITERATIONS):
-        denom = 1.0 + f[:, None] * r
-        g1 = (p * r / denom).sum(axis=-1)
-        g2 = -(p * r * r / (denom * denom)).sum(axis=-1)
+        q = r / (1.0 + f[:, None] * r)
+        g1 = (p * q).sum(axis=-1)
+        g2 = -(p * q * q).sum(axis=-1)
         lo = np.where(g1 > 0, f, lo)
         hi = np.where(g1 > 0, hi, f)
         step = f - g1 / g2

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from agent.kernels.kelly import kelly_size, kelly_size_ref
-from agent.kernels.mamba_forward import mamba_forward, mamba_forward_ref, pack_params
+from agent.kernels.mamba_forward import VARIANTS, mamba_forward, mamba_forward_ref, pack_params
 from agent.kernels.philox import philox4x32, philox4x32_ref
 from agent.kernels.softmax_ev import softmax_ev, softmax_ev_ref
 from agent.kernels.thompson import thompson, thompson_ref
@@ -64,8 +64,8 @@ def test_thompson_matches_reference_exactly(cp: ModuleType) -> None:
     probs = rng.dirichlet(np.full(n_atoms, 0.3), size=(rows, n_actions)).astype(np.float32)
     probs[:50] = probs[:50] * np.float32(0.7)  # unnormalised rows: the threshold scales with CDF[N-1]
     probs[50:60] = 0.0  # an all-zero row clamps to the last atom
-    probs[60:70, 1] = probs[60:70, 0]  # identical actions tie: the lowest index wins
-    probs[60:70, 2] = probs[60:70, 0]
+    probs[60:70] = 0.0  # every action certain of the same atom: the draws tie, the lowest index wins
+    probs[60:70, :, 20] = 1.0
     support = np.linspace(-10, 10, n_atoms, dtype=np.float32)
     env = rng.permutation(rows).astype(np.int32)
     step = rng.integers(0, 2**40, size=rows, dtype=np.uint64)
@@ -170,7 +170,8 @@ def test_kelly_matches_reference(cp: ModuleType) -> None:
     [SMALL, ModelConfig(n_features=32), ModelConfig(n_features=5, window=16, n_layers=3, d_state=8)],
     ids=["small", "default", "three-layers"],
 )
-def test_fused_forward_matches_model_forward(cp: ModuleType, cfg: ModelConfig) -> None:
+@pytest.mark.parametrize("threads", sorted(VARIANTS))
+def test_fused_forward_matches_model_forward(cp: ModuleType, cfg: ModelConfig, threads: int) -> None:
     ck = make_checkpoint(cfg, seed=7, scale=4.0)
     rng = np.random.default_rng(8)
     slots_n, rows = 70, 64
@@ -186,6 +187,7 @@ def test_fused_forward_matches_model_forward(cp: ModuleType, cfg: ModelConfig) -
         cp.asarray(slots),
         q_logits=poisoned(cp, (rows, n_q), np.float32),
         ret_logits=poisoned(cp, (rows, cfg.return_bins), np.float32),
+        threads=threads,
     )
     q_ref, r_ref = mamba_forward_ref(
         ck.params, cfg, window, slots[:-3], feature_mean=ck.norm_mean, feature_std=ck.norm_std
