@@ -96,13 +96,14 @@ class StreamDecoder:
         self.metadata: databento_dbn.Metadata | None = None
         self.last_error: str | None = None
         """Why the last chunk was rejected (None until one is)."""
+        self.version = input_version
+        """DBN version of the records (set by the metadata when the stream has one)."""
         self._want_metadata = has_metadata
         self._carry = b""
         self._configure(input_version, ts_out)
 
     def _configure(self, version: int, ts_out: bool) -> None:
         self.version = version
-        """DBN version of the records (set by the metadata when the stream has one)."""
         self._extra = TS_OUT_SIZE if ts_out else 0
         self._sizes = {rtype: size + self._extra for rtype, size in RECORD_SIZES[version].items()}
         self._mbp_size = MBP10_SIZE + self._extra
@@ -160,14 +161,15 @@ class StreamDecoder:
         if n == 0 or n % MBP10_SIZE:
             return False
         if n == MBP10_SIZE:
-            return data[0] == MBP10_SIZE // LENGTH_MULTIPLIER and data[1] == MBP10_RTYPE
+            return data[0] == MBP10_LENGTH and data[1] == MBP10_RTYPE
         u8 = np.frombuffer(data, dtype=np.uint8)
-        return bool(np.all(u8[0::MBP10_SIZE] == MBP10_SIZE // LENGTH_MULTIPLIER)) and bool(
+        return bool(np.all(u8[0::MBP10_SIZE] == MBP10_LENGTH)) and bool(
             np.all(u8[1::MBP10_SIZE] == MBP10_RTYPE)
         )
 
     def reset(self) -> None:
-        """Drop any partial record held back (e.g. after the source reconnected)."""
+        """Drop any partial record held back (e.g. after a NATS reconnect). A socket source that
+        reconnects gets a new stream with new metadata: it makes a new decoder instead."""
         self._carry = b""
 
     def _reject(self, nbytes: int, reason: str) -> None:
