@@ -1,0 +1,935 @@
+"""The trading daemon (``tradeagent run``): one asyncio process, DESIGN sections 3 and 11.
+
+Tasks on one event loop::
+
+    feed ──records──> paper venue (fills against the book)
+      │──records──> incremental book/health/bars/features ──bar closes──> [bounded queue]
+    decisions <──────────────────────────────────────────────────────────────┘
+      │  one batched InferenceEngine.decide per round of closed bars (all instruments at once)
+      │  regime scale (learned floor) x Kelly -> target -> risk clamp -> delta vs position+working
+      └──orders──> ledger (record_orders, SQL thread) ──> venue (paper broker or ZMQ gateway)
+    venue ──reports──> [unbounded, never dropped] ──> reports task ──> ledger (record_fills)
+                                                       └─> order state + portfolio (after commit)
+    status tick: watchdog, stale-feed poll, ack timeouts, P&L breaker, metrics
+    control socket, telemetry PUB, Prometheus, retrain scheduler
+
+Guarantees:
+
+* **Fills are never dropped** and reach the position only after the ledger committed them;
+  a fill id seen twice counts once (the ledger is idempotent, the position follows its answer).
+* **Stale decisions are dropped and counted**: when the decision task falls behind, the queue
+  keeps the newest ``daemon.decision_queue`` bar closes; a bar whose record arrived more than
+  ``daemon.stale_decision_ms`` ago is still pushed through the model (windows stay complete)
+  but sends no order.
+* **No order** while any halt is active (risk, operator, inference, database, venue, model),
+  nor on an unhealthy instrument (the engine marks its row not valid).
+* **SIGTERM**: stop intake, cancel resting orders, wait for their reports, persist, exit 0
+  within ``daemon.stop_timeout_s``.
+* **Restart**: positions and open orders are rebuilt from the ledger; in paper mode the orders
+  of the previous process can no longer fill (its simulated exchange is gone) and are closed
+  as cancelled; in gateway mode they stay open and the gateway's replay reconciles them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq.asyncio
+
+from agent.config import Config
+from agent.control.endpoints import control_endpoint, telemetry_endpoint
+from agent.control.errors import ControlRefused
+from agent.control.messages import ControlRequest
+from agent.control.server import ControlServer
+from agent.daemon.metrics import DaemonMetrics
+from agent.daemon.models import ModelHost, ModelRefused
+from agent.daemon.notify import Notifier
+from agent.daemon.risk import HaltKind, Halts, RiskLimits
+from agent.daemon.scheduler import RetrainResult, RetrainScheduler, default_command
+from agent.daemon.store import SqlWorker
+from agent.daemon.telemetry import Telemetry
+from agent.errors import AgentError
+from agent.execution.orders import OpenOrder, OrderManager
+from agent.execution.portfolio import Portfolio
+from agent.execution.protocol import Ack, Cancelled, CancelOrder, Fill, NewOrder, Reject, Report, Side
+from agent.execution.venues import GatewayVenue, PaperVenue, Venue
+from agent.gpu.errors import InferenceError
+from agent.policy.regime import RegimeTracker
+from agent.train.env import agent_features
+from agent.train.floors import VOL_REF_FLOOR
+from feeds.book import tick_fixed
+from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
+from feeds.sources import HealthEvent, HealthKind, RecordBatch, Source, build_source
+from storage.errors import DatabaseUnavailable, StorageError
+from storage.records import InstrumentInfo, NewFill, OrderStatus, instrument_set_key
+from storage.records import NewOrder as LedgerOrder
+from storage.schema import open_database
+
+__all__ = ["Daemon", "run_daemon"]
+
+log = logging.getLogger(__name__)
+
+_LOGRET = FEATURE_NAMES.index("mid_logret")
+_STATUS: dict[type, OrderStatus] = {Ack: "acked", Cancelled: "cancelled", Reject: "rejected"}
+_VERSION = "0.1.0"
+_REPLAY_SLICE = 16
+
+
+@dataclass(slots=True)
+class _Close:
+    """One bar close waiting for its decision."""
+
+    frame: BarFrame
+    arrival_ns: int
+    """Wall clock (UNIX ns) when the batch holding the closing record was received."""
+
+
+class Daemon:
+    """The whole trading process; :meth:`run` until :meth:`request_stop` (SIGTERM/SIGINT)."""
+
+    def __init__(self, config: Config, *, config_path: str | None = None) -> None:
+        if config.daemon.mode == "live" and config.broker.mode != "gateway":
+            raise AgentError(
+                'daemon.mode = "live" needs broker.mode = "gateway" (the paper broker is not live)'
+            )
+        self.config = config
+        self.config_path = config_path
+        specs = config.feeds.instruments
+        if not specs:
+            raise AgentError("feeds.instruments is empty: nothing to trade")
+        self.specs = list(specs)
+        self.symbols = {s.instrument_id: s.symbol for s in specs}
+        self.slot = {s.instrument_id: i for i, s in enumerate(specs)}
+        self.tick_px = {s.instrument_id: tick_fixed(s.tick_size) for s in specs}
+        self.instrument_set = instrument_set_key([s.symbol for s in specs])
+        self.account = config.broker.account
+        self.metrics = DaemonMetrics()
+        self.notifier = Notifier()
+        self.halts = Halts()
+        self.risk = RiskLimits(config.risk)
+        self.portfolio = Portfolio(self.specs)
+        self.features = IncrementalFeatures(specs, config.feeds.bars, config.feeds.health)
+        self.orders = OrderManager("boot")
+        self.session_id = 0
+        self.latencies_ns: collections.deque[int] = collections.deque(maxlen=200_000)
+        """Bar-closing record arrival -> order sent, per order (the ``bench daemon`` figures)."""
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.marks: dict[int, float] = {}
+        """Last mid per instrument, 1e-9 fixed point (for unrealised P&L)."""
+        self.healthy: dict[int, bool] = dict.fromkeys(self.symbols, False)
+        self.state = "starting"
+        self._closes: collections.deque[_Close] = collections.deque()
+        self._closes_ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._reports: collections.deque[Report] = collections.deque()
+        self._reports_ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._intake_stopped = False
+        self._flattening = False
+        self._feed_ok = False
+        self._feed_clock_ns = 0
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sql: SqlWorker | None = None
+        self._models: ModelHost | None = None
+        self._venue: Venue | None = None
+        self._source: Source | None = None
+        self._regime: RegimeTracker | None = None
+        self._telemetry: Telemetry | None = None
+        self._control: ControlServer | None = None
+        self._scheduler: RetrainScheduler | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Begin the orderly stop (signal handlers call this)."""
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Start everything, trade until asked to stop, stop in order; the process exit code."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._teardown("failed at start")
+            raise
+        self.notifier.ready(self._status_line())
+        log.info("daemon running: %s", self._status_line())
+        await self._stop.wait()
+        try:
+            await asyncio.wait_for(self._shutdown(), self.config.daemon.stop_timeout_s)
+        except TimeoutError:
+            log.error("orderly stop exceeded daemon.stop_timeout_s; exiting with what is persisted")
+        await self._teardown("stopped")
+        return 0
+
+    async def _start(self) -> None:
+        cfg = self.config
+        database = await asyncio.to_thread(open_database, cfg.storage, cfg.data_dir)
+        self._sql = sql = SqlWorker(database, cfg.data_dir)
+        infos = [
+            InstrumentInfo(
+                instrument_id=s.instrument_id, symbol=s.symbol, tick_size=s.tick_size, tick_value=s.tick_value
+            )
+            for s in self.specs
+        ]
+        await sql.call(sql.instruments.upsert, infos)
+        self.session_id = await sql.call(
+            sql.journal.start_session,
+            mode=cfg.daemon.mode,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=_VERSION,
+        )
+        self.orders = OrderManager(f"s{self.session_id}")
+        await self._recover()
+        floors = await sql.call(sql.floors.all, VOL_REF_FLOOR)
+        floor = [
+            floors[(s.instrument_id, VOL_REF_FLOOR)].value
+            if (s.instrument_id, VOL_REF_FLOOR) in floors
+            else 0.0
+            for s in self.specs
+        ]
+        self._regime = RegimeTracker(cfg.regime, cfg.policy.scale_floor, floor)
+        self._models = ModelHost(
+            sql.registry, sql.checkpoints, cfg.policy, [s.tick_value for s in self.specs], cfg.device
+        )
+        await self._load_initial_model()
+        self._ctx = zmq.asyncio.Context()
+        if cfg.broker.mode == "gateway":
+            self._venue = GatewayVenue(self._ctx, cfg.broker, self._on_report)
+        else:
+            self._venue = PaperVenue(cfg.broker, list(self.symbols), self._on_report)
+        await self._venue.start()
+        self._telemetry = Telemetry(self._ctx, telemetry_endpoint(cfg.control, cfg.data_dir))
+        self._control = ControlServer(
+            self._ctx, control_endpoint(cfg.control, cfg.data_dir), cfg.control, self._handle
+        )
+        self._control.start()
+        if cfg.control.metrics_port:
+            self.metrics.serve(cfg.control.metrics_host, cfg.control.metrics_port)
+        command = list(cfg.schedule.command) or default_command(self.config_path)
+        self._scheduler = RetrainScheduler(cfg.schedule, command, self._on_retrain)
+        self._scheduler.start()
+        self._source = build_source(cfg.feeds)
+        await self._source.start()
+        self._feed_ok = True
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._feed(), name="feed"),
+            loop.create_task(self._decisions(), name="decisions"),
+            loop.create_task(self._process_reports(), name="reports"),
+            loop.create_task(self._tick(), name="status"),
+        ]
+        self.risk.start(self._equity(), time.time_ns())
+        self.state = "running"
+
+    async def _recover(self) -> None:
+        """Rebuild positions and open orders from the ledger; restore a persisted halt."""
+        sql = self._sql
+        assert sql is not None
+        state = await sql.call(sql.ledger.rebuild, self.account)
+        for iid, pos in state.positions.items():
+            if iid in self.slot:
+                self.portfolio.restore(iid, pos.qty, pos.avg_price * 1e9, pos.realized_points * 1e9, pos.fees)
+        restored: list[OpenOrder] = []
+        for rec in state.open_orders:
+            if self.config.broker.mode == "paper":
+                await sql.call(
+                    sql.ledger.update_order,
+                    rec.client_order_id,
+                    "cancelled",
+                    ts_ns=time.time_ns(),
+                    reason="paper broker restarted",
+                )
+                self.counts["orders_closed_at_restart"] += 1
+                continue
+            order = NewOrder(
+                client_order_id=rec.client_order_id,
+                instrument_id=rec.instrument_id,
+                side=rec.side,
+                qty=rec.qty,
+                order_type=rec.order_type,
+                limit_price=rec.limit_price,
+                ts_ns=rec.ts_created_ns,
+            )
+            restored.append(OpenOrder(order=order, filled=rec.filled_qty, acked=rec.status != "new"))
+        self.orders.restore(restored)
+        halt = await sql.call(_persisted_halt, sql)
+        if halt is not None:
+            kind, reason = halt
+            self.halts.set(kind, f"{reason} (persisted; tradeagent ctl resume to clear)")
+        log.info(
+            "recovered from the ledger: positions %s, %d open orders, halts: %s",
+            {self.symbols[i]: q for i, q in self.portfolio.positions().items() if q},
+            len(restored),
+            self.halts.describe(),
+        )
+
+    async def _load_initial_model(self) -> None:
+        sql, models = self._sql, self._models
+        assert sql is not None and models is not None
+        sha = self.config.daemon.checkpoint
+        if not sha:
+            record = await sql.call(sql.registry.current_promoted, self.instrument_set)
+            sha = record.sha256 if record is not None else ""
+        if not sha:
+            self.halts.set("model", f"no promoted checkpoint for {self.instrument_set}")
+            log.warning("no promoted checkpoint for %s: no orders until one is promoted", self.instrument_set)
+            return
+        try:
+            await models.activate(sha)
+        except ModelRefused as exc:
+            self.halts.set("model", str(exc))
+            log.error("%s; no orders until a valid checkpoint is promoted", exc)
+            return
+        self.metrics.set_model(sha)
+
+    async def _shutdown(self) -> None:
+        """SIGTERM path: stop intake, cancel resting orders, persist."""
+        self.state = "stopping"
+        self.notifier.stopping()
+        log.info("stopping: intake off, cancelling resting orders")
+        self._intake_stopped = True
+        if self._source is not None:
+            await self._source.stop()
+        for task in self._tasks[:2]:  # feed and decisions
+            task.cancel()
+        await asyncio.gather(*self._tasks[:2], return_exceptions=True)
+        self._cancel_all("shutdown")
+        venue = self._venue
+        if venue is not None:
+            venue.advance(max(self._feed_clock_ns, time.time_ns()) + 10**10)
+        deadline = time.monotonic() + self.config.daemon.stop_timeout_s / 2
+        while (self.orders.open_orders() or self._reports) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        while self._reports and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._reports:
+            log.error("%d reports could not be persisted before the stop deadline", len(self._reports))
+
+    async def _teardown(self, reason: str) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._scheduler is not None:
+            await self._scheduler.stop()
+        if self._source is not None:
+            await self._source.stop()
+        if self._control is not None:
+            await self._control.close()
+        if self._venue is not None:
+            await self._venue.close()
+        if self._telemetry is not None:
+            self._telemetry.close()
+        self.metrics.close()
+        if self._models is not None:
+            self._models.close()
+        if self._sql is not None:
+            if self.session_id:
+                with contextlib.suppress(StorageError):
+                    await self._sql.call(self._sql.journal.end_session, self.session_id, reason=reason)
+            self._sql.close()
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+        self.state = "stopped"
+
+    # -- feed ----------------------------------------------------------------------------------
+
+    async def _feed(self) -> None:
+        source = self._source
+        assert source is not None
+        replay = self.config.feeds.source.kind == "replay"
+        try:
+            async for event in source:
+                if isinstance(event, HealthEvent):
+                    await self._on_health(event)
+                elif replay:
+                    await self._on_replay_batch(event)
+                else:
+                    self._on_records(event.records, event.received_ns)
+            log.warning("%s: end of data", source.name)
+        except Exception:
+            self._feed_ok = False
+            log.exception("market-data source failed; no new orders")
+            self.halts.set("venue", "market data source failed")
+            raise
+
+    async def _on_replay_batch(self, batch: RecordBatch) -> None:
+        """Replay runs on the feed's clock: slices of :data:`_REPLAY_SLICE` records, and after a
+        slice that closed bars the feed waits for their decisions (no decision is dropped and an
+        order reaches the paper book at most one slice after its bar closed)."""
+        records = batch.records
+        for start in range(0, len(records), _REPLAY_SLICE):
+            self._on_records(records[start : start + _REPLAY_SLICE], time.time_ns())
+            if self._closes:
+                self._idle.clear()
+                await self._idle.wait()
+
+    def _on_records(self, records: np.ndarray[Any, np.dtype[np.void]], arrival_ns: int) -> None:
+        self._feed_clock_ns = max(self._feed_clock_ns, int(records["ts_recv"][-1]))
+        venue = self._venue
+        assert venue is not None
+        venue.on_records(records)
+        frames = self.features.push_records(records)
+        if frames:
+            self._enqueue(frames, arrival_ns)
+
+    def _enqueue(self, frames: list[BarFrame], arrival_ns: int) -> None:
+        for frame in frames:
+            self._closes.append(_Close(frame, arrival_ns))
+        limit = self.config.daemon.decision_queue
+        while len(self._closes) > limit:
+            self._closes.popleft()
+            self.counts["dropped_decisions"] += 1
+            self.metrics.drops.labels(kind="decision_queue").inc()
+        self._closes_ready.set()
+
+    async def _on_health(self, event: HealthEvent) -> None:
+        kind = event.kind
+        if kind in (HealthKind.GAP, HealthKind.DISCONNECTED, HealthKind.DROPPED):
+            for builder in self.features.by_id.values():
+                builder.report_gap(event.at_ns)
+        if kind is HealthKind.REJECTED:
+            self.counts["rejected_messages"] += event.count or 1
+            self.metrics.rejections.labels(kind="feed_bytes").inc(event.count or 1)
+        else:
+            self.counts[f"feed_{kind.value}"] += 1
+            self.metrics.gaps.labels(kind=kind.value).inc()
+        log.warning("feed %s: %s", kind.value, event.detail)
+        if kind in (HealthKind.GAP, HealthKind.RECONNECTED, HealthKind.DISCONNECTED):
+            await self._event(kind.value, event.detail or kind.value, details={"count": event.count})
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    async def _decisions(self) -> None:
+        while True:
+            await self._closes_ready.wait()
+            self._closes_ready.clear()
+            closes = list(self._closes)
+            self._closes.clear()
+            if closes:
+                await self._decide(closes)
+            if not self._closes:
+                self._idle.set()
+
+    async def _decide(self, closes: list[_Close]) -> None:
+        """One ``decide`` per round: round r holds the r-th pending bar of every instrument."""
+        rows: dict[int, list[tuple[int, int, _Close]]] = collections.defaultdict(list)
+        for close in closes:
+            for r in range(len(close.frame)):
+                rows[close.frame.instrument_id].append((len(rows[close.frame.instrument_id]), r, close))
+        rounds = max(len(v) for v in rows.values())
+        for k in range(rounds):
+            batch = [(iid, entries[k]) for iid, entries in rows.items() if k < len(entries)]
+            last = {iid for iid, entries in rows.items() if len(entries) == k + 1}
+            await self._decide_round(batch, last)
+
+    async def _decide_round(self, batch: list[tuple[int, tuple[int, int, _Close]]], last: set[int]) -> None:
+        regime = self._regime
+        assert regime is not None
+        n = len(self.specs)
+        logret = np.full(n, np.nan)
+        slots, feats, positions, healthy = [], [], [], []
+        for iid, (_, r, close) in batch:
+            frame = close.frame
+            i = self.slot[iid]
+            tradable = bool(frame.tradable[r])
+            self.healthy[iid] = tradable
+            self.metrics.healthy.labels(instrument=self.symbols[iid]).set(1 if tradable else 0)
+            if tradable:
+                logret[i] = float(frame.features[r, _LOGRET])
+                self.marks[iid] = float(frame.mid_price[r]) * 1e9
+            pos = self.portfolio.position(iid)
+            unit = float(np.sign(pos))
+            entry_ticks = self.portfolio.avg_price(iid) / self.tick_px[iid]
+            upnl_ticks = unit * (float(frame.mid_ticks[r]) - entry_ticks) if pos else 0.0
+            agent = agent_features(
+                np, np.float32(unit), np.float64(upnl_ticks), self.config.train.reward_scale
+            )
+            slots.append(i)
+            feats.append(np.concatenate([frame.features[r], agent]))
+            positions.append(pos)
+            healthy.append(tradable)
+        scale = regime.update(logret)
+        engine = self._models.engine if self._models is not None else None
+        if engine is None:
+            self.counts["bars_without_model"] += len(batch)
+            return
+        try:
+            decision = engine.decide(
+                np.asarray(slots),
+                np.asarray(feats, dtype=np.float32),
+                np.asarray(positions),
+                scale[slots],
+                np.asarray(healthy),
+            )
+        except InferenceError as exc:
+            await self._inference_failed(exc)
+            return
+        now = time.time_ns()
+        stale_ns = int(self.config.daemon.stale_decision_ms * 1e6)
+        orders: list[NewOrder] = []
+        for j, (iid, (_, r, close)) in enumerate(batch):
+            action = int(decision.action[j])
+            self.counts["decisions"] += 1
+            self.metrics.decisions.labels(
+                instrument=self.symbols[iid], action=("short", "flat", "long")[action]
+            ).inc()
+            if iid not in last or not decision.valid[j]:
+                continue
+            if now - close.arrival_ns > stale_ns:
+                self.counts["stale_decisions"] += 1
+                self.metrics.drops.labels(kind="stale_decision").inc()
+                continue
+            order = self._order_for(iid, int(decision.target[j]), close)
+            if order is not None:
+                orders.append(order)
+            if self._telemetry is not None:
+                self._telemetry.publish(
+                    "decision",
+                    {
+                        "instrument": self.symbols[iid],
+                        "ts_close": int(close.frame.ts_close[r]),
+                        "action": action,
+                        "target": int(decision.target[j]),
+                        "size": float(decision.size[j]),
+                        "regime": float(decision.regime_scale[j]),
+                        "model": decision.model_sha256,
+                    },
+                )
+        if orders:
+            await self._send(orders, [c.arrival_ns for c in self._arrivals(orders, batch)])
+
+    def _arrivals(
+        self, orders: list[NewOrder], batch: list[tuple[int, tuple[int, int, _Close]]]
+    ) -> list[_Close]:
+        by_iid = {iid: close for iid, (_, _, close) in batch}
+        return [by_iid[o.instrument_id] for o in orders]
+
+    def _order_for(self, iid: int, target: int, close: _Close) -> NewOrder | None:
+        """The order moving ``iid`` to ``target`` (risk-clamped), or None."""
+        if self.halts or self._intake_stopped or self._flattening:
+            return None
+        clamped = self.risk.clamp(target)
+        delta = clamped - (self.portfolio.position(iid) + self.orders.working(iid))
+        if delta == 0:
+            return None
+        if not self.risk.order_allowed():
+            self.metrics.rejections.labels(kind="order_rate").inc()
+            return None
+        side: Side = "buy" if delta > 0 else "sell"
+        return self.orders.new(iid, side, abs(delta), ts_ns=self._feed_clock_ns, wall_ns=time.time_ns())
+
+    async def _send(self, orders: list[NewOrder], arrivals: list[int]) -> None:
+        """Record the orders in the ledger, then send them (never the other way round)."""
+        sql, venue = self._sql, self._venue
+        assert sql is not None and venue is not None
+        rows = [
+            LedgerOrder(
+                client_order_id=o.client_order_id,
+                instrument_id=o.instrument_id,
+                side=o.side,
+                qty=o.qty,
+                ts_ns=o.ts_ns,
+                order_type=o.order_type,
+                limit_price=o.limit_price,
+                account=self.account,
+                session_id=self.session_id,
+            )
+            for o in orders
+        ]
+        try:
+            await sql.call(sql.ledger.record_orders, rows)
+        except DatabaseUnavailable as exc:
+            self._set_halt("database", f"orders not recorded: {exc}")
+            for o in orders:  # never sent: they are not open anywhere
+                self.orders.apply(
+                    Reject(seq=0, client_order_id=o.client_order_id, reason="database", ts_ns=o.ts_ns)
+                )
+            return
+        for order, arrival in zip(orders, arrivals, strict=True):
+            venue.submit(order)
+            sent = time.time_ns()
+            self.risk.order_sent()
+            self.latencies_ns.append(sent - arrival)
+            self.metrics.decision_latency.observe((sent - arrival) / 1e9)
+            self.metrics.orders.labels(instrument=self.symbols[order.instrument_id], side=order.side).inc()
+            self.counts["orders"] += 1
+            if self._telemetry is not None:
+                self._telemetry.publish("order", order)
+
+    async def _inference_failed(self, exc: InferenceError) -> None:
+        self.counts["inference_failures"] += 1
+        if self.config.daemon.cpu_fallback and self._models is not None:
+            log.error("inference failed (%s); daemon.cpu_fallback = true: rebuilding on the CPU", exc)
+            try:
+                await asyncio.to_thread(self._models.fall_back_to_cpu)
+            except AgentError as again:
+                self._set_halt("inference", f"CPU fallback failed: {again}")
+                return
+            await self._event("fallback", f"inference failed ({exc}); now on the CPU")
+            return
+        self._set_halt("inference", str(exc))
+        await self._event("halt", f"inference failure: {exc}", details={"kind": "inference"})
+
+    # -- reports -------------------------------------------------------------------------------
+
+    def _on_report(self, report: Report) -> None:
+        """Venue sink: queue every report (never dropped); the reports task persists them."""
+        self._reports.append(report)
+        self._reports_ready.set()
+
+    async def _process_reports(self) -> None:
+        while True:
+            await self._reports_ready.wait()
+            self._reports_ready.clear()
+            while self._reports:
+                try:
+                    await self._persist_next()
+                except DatabaseUnavailable as exc:
+                    self._set_halt("database", str(exc))
+                    await asyncio.sleep(self.config.daemon.db_retry_s)
+                    continue
+                if self.halts.clear("database"):
+                    log.info("database back: orders resume")
+                    await self._event("resume", "database available again", details={"kind": "database"})
+
+    async def _persist_next(self) -> None:
+        """Persist the reports at the head of the queue, then apply them (fills batched)."""
+        sql = self._sql
+        assert sql is not None
+        head = self._reports[0]
+        if isinstance(head, Fill):
+            fills: list[Fill] = []
+            for report in self._reports:
+                if not isinstance(report, Fill):
+                    break
+                fills.append(report)
+            result = await sql.call(
+                sql.ledger.record_fills,
+                [
+                    NewFill(
+                        fill_id=f.fill_id,
+                        client_order_id=f.client_order_id,
+                        qty=f.qty,
+                        price=f.price,
+                        ts_ns=f.ts_ns,
+                        fee=f.fee,
+                    )
+                    for f in fills
+                ],
+            )
+            for _ in fills:
+                self._reports.popleft()
+            inserted = set(result.inserted)
+            for fill in fills:
+                if fill.fill_id in inserted:
+                    self._count_fill(fill)
+                else:
+                    self.counts["duplicate_fills"] += 1
+            return
+        status: OrderStatus = _STATUS[type(head)]
+        reason = getattr(head, "reason", None)
+        try:
+            await sql.call(
+                sql.ledger.update_order, head.client_order_id, status, ts_ns=head.ts_ns, reason=reason
+            )
+        except DatabaseUnavailable:
+            raise
+        except StorageError as exc:
+            log.error("report %s for %s not recorded: %s", type(head).__name__, head.client_order_id, exc)
+            self.counts["unrecorded_reports"] += 1
+        self._reports.popleft()
+        if isinstance(head, Reject):
+            self.counts["rejects"] += 1
+            log.warning("order %s rejected: %s", head.client_order_id, head.reason)
+        self.orders.apply(head)
+
+    def _count_fill(self, fill: Fill) -> None:
+        """A fill the ledger has just committed: now the order and the position count it."""
+        self.orders.apply(fill)
+        self.portfolio.apply(fill)
+        symbol = self.symbols.get(fill.instrument_id, str(fill.instrument_id))
+        self.counts["fills"] += 1
+        self.metrics.fills.labels(instrument=symbol).inc()
+        self.metrics.filled_contracts.labels(instrument=symbol).inc(fill.qty)
+        self.metrics.position.labels(instrument=symbol).set(self.portfolio.position(fill.instrument_id))
+        if self._telemetry is not None:
+            self._telemetry.publish("fill", fill)
+
+    # -- status tick -----------------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        interval = self.config.daemon.status_interval_s
+        watchdog = self.notifier.watchdog_interval_s
+        period = min(interval, watchdog) if watchdog else interval
+        live = self.config.feeds.source.kind != "replay"
+        while True:
+            await asyncio.sleep(period)
+            now = time.time_ns()
+            if live:
+                frames = self.features.poll(now)
+                if frames:
+                    self._enqueue(frames, now)
+                if self._venue is not None:
+                    self._venue.advance(now)
+            self._check_venue(now)
+            await self._check_pnl(now)
+            if self._flattening:
+                self._flatten_step()
+            self._refresh_metrics()
+            if self._feed_ok and not (self._tasks and self._tasks[0].done()):
+                self.notifier.watchdog()
+            self.notifier.status(self._status_line())
+
+    def _check_venue(self, now_ns: int) -> None:
+        venue = self._venue
+        if venue is None:
+            return
+        timeout_ns = int(self.config.broker.ack_timeout_s * 1e9)
+        late = self.orders.unacked_since(now_ns - timeout_ns)
+        if not venue.healthy or late:
+            why = "gateway heartbeat lost" if not venue.healthy else f"{len(late)} orders without ack"
+            self._set_halt("venue", why)
+        elif self.halts.clear("venue"):
+            log.info("execution venue healthy again")
+
+    async def _check_pnl(self, now_ns: int) -> None:
+        equity = self._equity()
+        self.metrics.pnl.labels(kind="realised").set(self.portfolio.realised())
+        self.metrics.pnl.labels(kind="unrealised").set(equity - self.portfolio.realised())
+        breach = self.risk.breach(equity, now_ns)
+        if breach and "risk" not in self.halts.active:
+            log.error("risk limit breached: %s; flattening and halting", breach)
+            self._set_halt("risk", breach)
+            await self._event("halt", breach, details={"kind": "risk"})
+            self._flattening = True
+            self._flatten_step()
+
+    def _equity(self) -> float:
+        return self.portfolio.realised() + self.portfolio.unrealised(self.marks)
+
+    def _refresh_metrics(self) -> None:
+        self.metrics.halted.set(1 if self.halts else 0)
+        for iid, symbol in self.symbols.items():
+            self.metrics.position.labels(instrument=symbol).set(self.portfolio.position(iid))
+
+    def _set_halt(self, kind: HaltKind, reason: str) -> None:
+        if self.halts.set(kind, reason):
+            log.error("new orders halted (%s): %s", kind, reason)
+            self.metrics.halted.set(1)
+
+    async def _event(self, kind: str, message: str, *, details: dict[str, Any] | None = None) -> None:
+        """Journal an event; a database outage only logs it (the outage is handled elsewhere)."""
+        sql = self._sql
+        if self._telemetry is not None:
+            self._telemetry.publish("event", {"kind": kind, "message": message, **(details or {})})
+        if sql is None:
+            return
+        try:
+            await sql.call(
+                sql.journal.record_event, kind, message, session_id=self.session_id, details=details
+            )
+        except StorageError as exc:
+            log.warning("event %s not journaled: %s", kind, exc)
+
+    # -- orders maintenance --------------------------------------------------------------------
+
+    def _cancel_all(self, why: str) -> int:
+        venue = self._venue
+        if venue is None:
+            return 0
+        sent = 0
+        for entry in self.orders.open_orders():
+            if not entry.cancel_sent:
+                entry.cancel_sent = True
+                venue.cancel(
+                    CancelOrder(client_order_id=entry.order.client_order_id, ts_ns=self._feed_clock_ns)
+                )
+                sent += 1
+        if sent:
+            log.info("cancel sent for %d open orders (%s)", sent, why)
+        return sent
+
+    def _flatten_step(self) -> None:
+        """Cancel open orders, then close each position with a market order; repeat until flat."""
+        if self.orders.open_orders():
+            self._cancel_all("flatten")
+            return
+        positions = {iid: q for iid, q in self.portfolio.positions().items() if q}
+        if not positions:
+            self._flattening = False
+            log.info("flat")
+            return
+        venue, sql = self._venue, self._sql
+        if venue is None or sql is None:
+            return
+        orders = [
+            self.orders.new(
+                iid, "sell" if q > 0 else "buy", abs(q), ts_ns=self._feed_clock_ns, wall_ns=time.time_ns()
+            )
+            for iid, q in positions.items()
+        ]
+        asyncio.get_running_loop().create_task(self._send(orders, [time.time_ns()] * len(orders)))
+
+    # -- control ---------------------------------------------------------------------------------
+
+    async def _handle(self, request: ControlRequest) -> dict[str, Any]:
+        command = request.command
+        if command == "status":
+            return self.status()
+        if command == "halt":
+            reason = request.args.get("reason", "operator")
+            self.halts.set("operator", reason)
+            await self._event("halt", reason, details={"kind": "operator"})
+            return {"halted": True, "halts": dict(self.halts.active)}
+        if command == "resume":
+            cleared = self.halts.resume()
+            await self._event("resume", "operator resume", details={"cleared": cleared})
+            return {"cleared": cleared, "halts": dict(self.halts.active)}
+        if command == "flatten":
+            self.halts.set("operator", "flatten")
+            await self._event("halt", "flatten", details={"kind": "operator"})
+            self._flattening = True
+            self._flatten_step()
+            return {"flattening": True, "positions": self._named_positions()}
+        if command in ("reload", "promote", "rollback"):
+            return await self._model_command(request)
+        raise ControlRefused(f"unknown command {command}")
+
+    async def _model_command(self, request: ControlRequest) -> dict[str, Any]:
+        sql, models = self._sql, self._models
+        assert sql is not None and models is not None
+        try:
+            if request.command == "promote":
+                sha = request.args.get("sha256", "")
+                record = await sql.call(sql.registry.get, sha)
+                if record.status == "candidate":
+                    record = await sql.call(
+                        sql.registry.promote, sha, by="tradeagent ctl", session_id=self.session_id
+                    )
+                elif record.status != "promoted":
+                    raise ControlRefused(
+                        f"checkpoint {sha[:12]} is {record.status}; only a candidate can be promoted"
+                    )
+            elif request.command == "rollback":
+                reason = request.args.get("reason", "operator rollback")
+                record = await sql.call(
+                    sql.registry.rollback,
+                    self.instrument_set,
+                    by="tradeagent ctl",
+                    reason=reason,
+                    session_id=self.session_id,
+                )
+            else:
+                current = await sql.call(sql.registry.current_promoted, self.instrument_set)
+                if current is None:
+                    raise ControlRefused(f"no promoted checkpoint for {self.instrument_set}")
+                record = current
+        except StorageError as exc:
+            raise ControlRefused(str(exc)) from None
+        return await self._swap(record.sha256)
+
+    async def _swap(self, sha: str) -> dict[str, Any]:
+        models = self._models
+        assert models is not None
+        previous = models.sha256
+        try:
+            changed = await models.activate(sha)
+        except ModelRefused as exc:
+            await self._event("swap_refused", str(exc), details={"sha256": sha, "serving": previous})
+            raise ControlRefused(f"{exc}; still serving {previous[:12] or 'no model'}") from None
+        if changed:
+            self.halts.clear("model")
+            self.metrics.set_model(sha)
+            await self._event(
+                "swap", f"model {sha[:12]} serving", details={"sha256": sha, "previous": previous}
+            )
+        return {"serving": sha, "previous": previous, "swapped": changed}
+
+    def _on_retrain(self, result: RetrainResult) -> None:
+        self.counts[f"retrain_{result.outcome}"] += 1
+        if result.outcome == "ok" and not self._stop.is_set():
+            asyncio.get_running_loop().create_task(self._reload_after_retrain())
+
+    async def _reload_after_retrain(self) -> None:
+        try:
+            await self._handle(ControlRequest(command="reload"))
+        except ControlRefused as exc:
+            log.info("after the retrain: %s", exc)
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def _named_positions(self) -> dict[str, int]:
+        return {self.symbols[i]: q for i, q in self.portfolio.positions().items()}
+
+    def _status_line(self) -> str:
+        counts = self.counts
+        return f"{self.state}: {self.halts.describe()}; fills {counts['fills']}, orders {counts['orders']}"
+
+    def status(self) -> dict[str, Any]:
+        """What ``tradeagent ctl status`` prints."""
+        realised = self.portfolio.realised()
+        source = self._source
+        return {
+            "state": self.state,
+            "mode": self.config.daemon.mode,
+            "broker": self.config.broker.mode,
+            "session_id": self.session_id,
+            "halts": dict(self.halts.active),
+            "model": self._models.sha256 if self._models is not None else "",
+            "positions": self._named_positions(),
+            "open_orders": len(self.orders.open_orders()),
+            "realised_pnl": round(realised, 2),
+            "unrealised_pnl": round(self._equity() - realised, 2),
+            "healthy": {self.symbols[i]: ok for i, ok in self.healthy.items()},
+            "counts": dict(self.counts),
+            "feed": source.counters.snapshot() if source is not None else {},
+            "rejected_records": self.features.rejected,
+            "retrain_running": bool(self._scheduler and self._scheduler.busy),
+        }
+
+
+def _persisted_halt(sql: SqlWorker) -> tuple[HaltKind, str] | None:
+    """The latched halt left by the last halt/resume events, if the last one was a halt."""
+    last: tuple[int, str, dict[str, Any], str] | None = None
+    for kind in ("halt", "resume"):
+        after = 0
+        while True:
+            page = sql.journal.events(kind=kind, after_id=after, limit=1000)
+            if not page:
+                break
+            after = page[-1].id
+            if last is None or page[-1].id > last[0]:
+                ev = page[-1]
+                last = (ev.id, ev.kind, dict(ev.details or {}), ev.message)
+    if last is None or last[1] != "halt":
+        return None
+    halt_kind = last[2].get("kind", "operator")
+    if halt_kind not in ("risk", "operator"):
+        return None
+    return ("risk" if halt_kind == "risk" else "operator"), last[3]
+
+
+def run_daemon(config: Config, config_path: str | None = None) -> int:
+    """Run the daemon in this process with SIGTERM/SIGINT handling; returns the exit code."""
+
+    async def main() -> int:
+        daemon = Daemon(config, config_path=config_path)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, daemon.request_stop)
+        return await daemon.run()
+
+    return asyncio.run(main())

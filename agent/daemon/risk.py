@@ -1,0 +1,113 @@
+"""Hard risk limits and the halt state of the daemon (DESIGN section 7).
+
+Two kinds of halt stop new orders:
+
+* **latched** halts (``risk``, ``operator``, ``inference``): stay until an operator sends
+  ``tradeagent ctl resume``; ``risk`` and ``operator`` halts are persisted as events, so a
+  restarted daemon starts halted;
+* **conditions** (``database``, ``venue``, ``model``): clear by themselves when the database,
+  the gateway or a model is back.
+
+Limits checked before every order: the target position is clamped to ``max_position``; at most
+``max_orders_per_minute`` orders in any rolling 60 s; a day loss (realised + unrealised since
+the start of the UTC day, or of the session when it started later) beyond ``max_daily_loss``,
+or a fall from the session's equity peak beyond ``max_drawdown``, is a breach: the daemon
+flattens every position and latches a ``risk`` halt.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Literal
+
+from agent.daemon.config import RiskConfig
+
+__all__ = ["LATCHED", "HaltKind", "Halts", "RiskLimits"]
+
+HaltKind = Literal["risk", "operator", "inference", "database", "venue", "model"]
+LATCHED: frozenset[str] = frozenset({"risk", "operator", "inference"})
+
+_DAY_NS = 86_400 * 1_000_000_000
+
+
+class Halts:
+    """The set of active halts (kind -> reason); orders flow only when it is empty."""
+
+    def __init__(self) -> None:
+        self.active: dict[str, str] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.active)
+
+    def set(self, kind: HaltKind, reason: str) -> bool:
+        """Add a halt; True when it was not already active."""
+        new = kind not in self.active
+        self.active[kind] = reason
+        return new
+
+    def clear(self, kind: HaltKind) -> bool:
+        """Remove one halt; True when it was active."""
+        return self.active.pop(kind, None) is not None
+
+    def resume(self) -> list[str]:
+        """Operator resume: clears the latched halts; conditions stay until they clear."""
+        cleared = [k for k in self.active if k in LATCHED]
+        for kind in cleared:
+            del self.active[kind]
+        return cleared
+
+    def describe(self) -> str:
+        return "; ".join(f"{k}: {v}" for k, v in sorted(self.active.items())) or "trading"
+
+
+class RiskLimits:
+    """Per-order checks and the P&L breaker. Clocks are passed in (feed or wall clock)."""
+
+    def __init__(self, config: RiskConfig) -> None:
+        self.config = config
+        self._sent: collections.deque[float] = collections.deque()
+        self._day = -1
+        self._day_start_equity = 0.0
+        self._peak = 0.0
+        self.throttled = 0
+        """Orders not sent because of the order-rate limit."""
+
+    def clamp(self, target: int) -> int:
+        """The target position within +/- ``max_position`` contracts."""
+        limit = self.config.max_position
+        return max(-limit, min(limit, target))
+
+    def order_allowed(self, now_s: float | None = None) -> bool:
+        """Whether one more order fits the rolling 60 s rate limit (counts refusals)."""
+        now = time.monotonic() if now_s is None else now_s
+        while self._sent and now - self._sent[0] >= 60.0:
+            self._sent.popleft()
+        if len(self._sent) >= self.config.max_orders_per_minute:
+            self.throttled += 1
+            return False
+        return True
+
+    def order_sent(self, now_s: float | None = None) -> None:
+        self._sent.append(time.monotonic() if now_s is None else now_s)
+
+    def breach(self, equity: float, now_ns: int) -> str | None:
+        """Update the day and peak with ``equity`` (currency); the breach reason, or None."""
+        day = now_ns // _DAY_NS
+        if day != self._day:
+            self._day = day
+            self._day_start_equity = equity
+        self._peak = max(self._peak, equity)
+        day_loss = self._day_start_equity - equity
+        if day_loss >= self.config.max_daily_loss:
+            return f"daily loss {day_loss:,.2f} >= max_daily_loss {self.config.max_daily_loss:,.2f}"
+        drawdown = self._peak - equity
+        if drawdown >= self.config.max_drawdown:
+            return f"drawdown {drawdown:,.2f} >= max_drawdown {self.config.max_drawdown:,.2f}"
+        return None
+
+    def start(self, equity: float, now_ns: int) -> None:
+        """Set the day's and the peak's reference at session start (restored equity)."""
+        self._day = now_ns // _DAY_NS
+        self._day_start_equity = equity
+        self._peak = equity
