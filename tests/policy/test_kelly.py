@@ -74,8 +74,9 @@ TICKS = np.linspace(-10, 10, 21)
 def probs_with_mean(mean_ticks: float) -> npt.NDArray[np.float64]:
     """A distribution over TICKS centred near ``mean_ticks`` (softmax of a quadratic)."""
     logits = -0.5 * ((TICKS - mean_ticks) / 3.0) ** 2
-    p: npt.NDArray[np.float64] = np.exp(logits - logits.max())
-    return p / p.sum()
+    p = np.exp(logits - logits.max())
+    out: npt.NDArray[np.float64] = p / p.sum()
+    return out
 
 
 def test_size_target_and_direction() -> None:
