@@ -283,3 +283,23 @@ def test_stream_decoder_rejects_and_recovers(records: npt.NDArray[np.void]) -> N
     with_metadata = StreamDecoder(has_metadata=True)
     assert len(with_metadata.feed(b"NOT DBN AT ALL")) == 0
     assert with_metadata.counters.rejected_chunks == 1 and with_metadata.metadata is None
+
+
+def test_public_surface_is_pinned() -> None:
+    import feeds.dbn
+
+    assert sorted(feeds.dbn.__all__) == [
+        "DBNAppender",
+        "DBNInfo",
+        "StreamCounters",
+        "StreamDecoder",
+        "build_metadata",
+        "dbn_files",
+        "iter_mbp10",
+        "read_mbp10",
+        "read_metadata",
+        "record_bytes",
+        "record_messages",
+        "write_mbp10",
+    ]
+    assert all(hasattr(feeds.dbn, name) for name in feeds.dbn.__all__)
