@@ -17,6 +17,7 @@ import numpy.typing as npt
 import pytest
 import zstandard
 
+import feeds.dbn
 from feeds.config import InstrumentSpec, SynthConfig
 from feeds.dbn import (
     DBNAppender,
@@ -286,8 +287,6 @@ def test_stream_decoder_rejects_and_recovers(records: npt.NDArray[np.void]) -> N
 
 
 def test_public_surface_is_pinned() -> None:
-    import feeds.dbn
-
     assert sorted(feeds.dbn.__all__) == [
         "DBNAppender",
         "DBNInfo",
