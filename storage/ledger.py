@@ -141,8 +141,19 @@ def _fill_record(row: Fill) -> FillRecord:
     )
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_order(order: NewOrder) -> None:
     nonempty(order.client_order_id, "client_order_id", _ID_MAX)
+    if not all(_is_int(v) for v in (order.qty, order.instrument_id, order.ts_ns)) or not (
+        order.limit_price is None or _is_int(order.limit_price)
+    ):
+        raise InvalidRecord(
+            f"order {order.client_order_id}: qty, instrument_id, ts_ns and limit_price must be integers "
+            "(prices in 1e-9 fixed point)"
+        )
     nonempty(order.account, "account", 64)
     if order.side not in ("buy", "sell"):
         raise InvalidRecord(f"order {order.client_order_id}: side must be buy or sell, got {order.side!r}")
@@ -156,9 +167,13 @@ def _check_order(order: NewOrder) -> None:
 
 def _check_fill(fill: NewFill) -> None:
     nonempty(fill.fill_id, "fill_id", _ID_MAX)
+    if not all(_is_int(v) for v in (fill.qty, fill.price, fill.ts_ns)):
+        raise InvalidRecord(
+            f"fill {fill.fill_id}: qty, price and ts_ns must be integers (price in 1e-9 fixed point)"
+        )
     if fill.qty <= 0:
         raise InvalidRecord(f"fill {fill.fill_id}: qty must be > 0, got {fill.qty}")
-    if fill.price == _UNDEF_PRICE or abs(fill.price) >= _UNDEF_PRICE:
+    if abs(fill.price) >= _UNDEF_PRICE:
         raise InvalidRecord(f"fill {fill.fill_id}: undefined price")
     finite(fill.fee, f"fill {fill.fill_id} fee")
 
@@ -348,6 +363,8 @@ class Ledger:
                 raise InvalidRecord(f"fill {fill.fill_id} appears twice in the batch with different content")
         batch = list(unique.values())
         ids = tuple(unique)
+        if not batch:
+            return FillsResult(inserted=(), duplicates=())
 
         def give_up(message: str, attempts: int) -> StorageError:
             return FillsNotPersisted(
@@ -357,8 +374,6 @@ class Ledger:
         return self._db.write(lambda s: self._record_fills(s, batch), what="record fills", give_up=give_up)
 
     def _record_fills(self, session: Session, batch: list[NewFill]) -> FillsResult:
-        if not batch:
-            return FillsResult(inserted=(), duplicates=())
         order_ids = sorted({f.client_order_id for f in batch})
         orders = {
             row.client_order_id: _OrderState(*row)

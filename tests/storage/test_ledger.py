@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from storage import Database, Ledger, apply_fill
 from storage.errors import InvalidRecord, NotFound
-from storage.records import NewFill, NewOrder, PositionState
+from storage.records import FillsResult, NewFill, NewOrder, PositionState
 
 PX = 1_000_000_000  # one price unit in DBN fixed point
 
@@ -45,6 +45,7 @@ def test_orders_are_idempotent_and_a_reused_id_is_refused(db: Database) -> None:
         NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, order_type="limit"),
         NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, limit_price=5),
         NewOrder(client_order_id="x", instrument_id=9999, side="buy", qty=1, ts_ns=1),
+        NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1.5, ts_ns=1),  # type: ignore[arg-type]
     ],
 )
 def test_bad_orders_are_refused(db: Database, bad: NewOrder) -> None:
@@ -76,6 +77,7 @@ def test_same_fill_twice_is_stored_once_and_counted_once(db: Database) -> None:
         ([fill("f1", "a", qty=0)], "qty must be > 0"),
         ([fill("f1", "a"), fill("f1", "a", qty=2)], "twice in the batch"),
         ([NewFill(fill_id="f1", client_order_id="a", qty=1, price=2**63 - 1, ts_ns=1)], "undefined price"),
+        ([NewFill(fill_id="f1", client_order_id="a", qty=1, price=5000.25, ts_ns=1)], "integers"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_fills_are_refused_and_nothing_is_stored(
@@ -88,6 +90,7 @@ def test_bad_fills_are_refused_and_nothing_is_stored(
     assert ledger.count_fills() == 0
     assert ledger.order("a").filled_qty == 0
     assert ledger.positions() == {}
+    assert ledger.record_fills([]) == FillsResult(inserted=(), duplicates=())
 
 
 def test_a_fill_id_reused_with_other_content_is_refused(db: Database) -> None:
