@@ -159,6 +159,8 @@ def _check_order(order: NewOrder) -> None:
         raise InvalidRecord(f"order {order.client_order_id}: side must be buy or sell, got {order.side!r}")
     if order.qty <= 0:
         raise InvalidRecord(f"order {order.client_order_id}: qty must be > 0, got {order.qty}")
+    if order.order_type not in ("market", "limit"):
+        raise InvalidRecord(f"order {order.client_order_id}: order_type must be market or limit")
     if order.order_type == "limit" and (order.limit_price is None or order.limit_price == _UNDEF_PRICE):
         raise InvalidRecord(f"order {order.client_order_id}: a limit order needs a limit_price")
     if order.order_type == "market" and order.limit_price is not None:

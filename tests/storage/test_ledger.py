@@ -46,6 +46,7 @@ def test_orders_are_idempotent_and_a_reused_id_is_refused(db: Database) -> None:
         NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, limit_price=5),
         NewOrder(client_order_id="x", instrument_id=9999, side="buy", qty=1, ts_ns=1),
         NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1.5, ts_ns=1),  # type: ignore[arg-type]
+        NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, order_type="stop"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_orders_are_refused(db: Database, bad: NewOrder) -> None:
