@@ -2,9 +2,9 @@
 
 An MBP-10 record holds the 10 bid and ask levels *after* its event, so the book of an instrument
 at any moment is simply the levels of its last record: there is nothing to rebuild. This module
-gives zero-copy views of those levels over a record array (for the vectorised paths), the
-book-at-a-point quantities every consumer needs (mid, spread, microprice, depth imbalance), and
-:class:`BookSnapshot`, a plain copy of one record's book for live consumers.
+gives zero-copy views of those levels over a record array (for the vectorised paths) and
+:class:`BookSnapshot`, a plain copy of one record's book for live consumers. The book features
+(spread, microprice, depth imbalance) are defined in :mod:`feeds.features`.
 
 Conventions
 -----------
@@ -27,10 +27,8 @@ from feeds.errors import FeedError
 from feeds.records import LEVELS, MBP10_DTYPE, PRICE_SCALE, UNDEF_PRICE
 
 __all__ = [
-    "BOOK_COLUMNS",
     "BookSnapshot",
     "Levels",
-    "book_columns",
     "level_arrays",
     "tick_fixed",
 ]
@@ -89,73 +87,6 @@ def level_arrays(records: np.ndarray) -> Levels:
     contiguous = np.ascontiguousarray(records)
     levels = contiguous.view(_LEVELS_VIEW)["levels"]
     return Levels(levels["bid_px"], levels["ask_px"], levels["bid_sz"], levels["ask_sz"])
-
-
-# Columns of the book-at-a-point matrix returned by :func:`book_columns`.
-BOOK_COLUMNS: tuple[str, ...] = (
-    "mid_ticks",
-    "spread_ticks",
-    "microprice_offset_ticks",
-    "depth_imbalance_l1",
-    "depth_imbalance_l3",
-    "depth_imbalance_l5",
-    "depth_imbalance_l10",
-    "log_depth_bid_l10",
-    "log_depth_ask_l10",
-    "bid_price",
-    "ask_price",
-    "bid_size",
-    "ask_size",
-    "mid_price",
-)
-_DEPTHS = (1, 3, 5, 10)
-
-
-def book_columns(levels: Levels, rows: np.ndarray, tick: int) -> np.ndarray:
-    """Book quantities of the records ``rows`` of ``levels``, float64 ``(len(rows), len(BOOK_COLUMNS))``.
-
-    The rows must have a valid top of book (both sides present, positive, not crossed: the
-    health checks guarantee it for the rows the feature kernel passes). Definitions, with
-    ``b, a`` the best bid/ask, ``qb, qa`` their sizes and ``B_k, A_k`` the bid/ask size summed
-    over levels ``1..k``:
-
-    * ``mid_ticks = (b + a) / 2 / tick``; ``spread_ticks = (a - b) / tick``;
-    * ``microprice_offset_ticks = (microprice - mid) / tick`` with
-      ``microprice = (b * qa + a * qb) / (qa + qb)`` (0 when ``qa + qb == 0``);
-    * ``depth_imbalance_lk = (B_k - A_k) / (B_k + A_k)`` in ``[-1, 1]`` (0 when both are 0);
-    * ``log_depth_{bid,ask}_l10 = log1p(B_10)``, ``log1p(A_10)``;
-    * ``bid_price``, ``ask_price``, ``mid_price`` in price units; ``bid_size``, ``ask_size`` in
-      contracts.
-    """
-    out = np.zeros((rows.shape[0], len(BOOK_COLUMNS)), dtype=np.float64)
-    if rows.shape[0] == 0:
-        return out
-    bid = levels.bid_px[rows, 0].astype(np.float64)
-    ask = levels.ask_px[rows, 0].astype(np.float64)
-    bid_sz = levels.bid_sz[rows].astype(np.float64)
-    ask_sz = levels.ask_sz[rows].astype(np.float64)
-    cum_bid = np.cumsum(bid_sz, axis=1)
-    cum_ask = np.cumsum(ask_sz, axis=1)
-    tick_f = float(tick)
-    mid = (bid + ask) * 0.5
-    qb, qa = bid_sz[:, 0], ask_sz[:, 0]
-    top = qb + qa
-    micro = np.divide(bid * qa + ask * qb, top, out=mid.copy(), where=top > 0)
-    out[:, 0] = mid / tick_f
-    out[:, 1] = (ask - bid) / tick_f
-    out[:, 2] = (micro - mid) / tick_f
-    for col, depth in enumerate(_DEPTHS, start=3):
-        b_k, a_k = cum_bid[:, depth - 1], cum_ask[:, depth - 1]
-        total = b_k + a_k
-        out[:, col] = np.divide(b_k - a_k, total, out=np.zeros_like(total), where=total > 0)
-    out[:, 7] = np.log1p(cum_bid[:, LEVELS - 1])
-    out[:, 8] = np.log1p(cum_ask[:, LEVELS - 1])
-    out[:, 9] = bid / PRICE_SCALE
-    out[:, 10] = ask / PRICE_SCALE
-    out[:, 11] = qb
-    out[:, 12] = qa
-    out[:, 13] = mid / PRICE_SCALE
-    return out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

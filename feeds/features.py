@@ -32,15 +32,33 @@ import itertools
 import math
 import struct
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from feeds.bars import BarClock, BarPlan, plan_bars
-from feeds.book import BOOK_COLUMNS, BookSnapshot, book_columns, level_arrays, tick_fixed
+from feeds.book import BookSnapshot, level_arrays, tick_fixed
 from feeds.config import BarConfig, HealthConfig, InstrumentSpec
 from feeds.errors import FeedError, UnknownInstrument
-from feeds.health import RECORD_FAULTS, HealthMonitor, PrevTop, prev_top_of, record_faults
-from feeds.records import ACTION_TRADE, LEVELS, MBP10_DTYPE, MBP10_RTYPE, SIDE_ASK, SIDE_BID, UNDEF_PRICE
+from feeds.health import (
+    RECORD_FAULTS,
+    HealthMonitor,
+    PrevTop,
+    fault_mask,
+    prev_top_of,
+    record_faults,
+    valid_top,
+)
+from feeds.records import (
+    ACTION_TRADE,
+    LEVELS,
+    MBP10_DTYPE,
+    MBP10_RTYPE,
+    PRICE_SCALE,
+    SIDE_ASK,
+    SIDE_BID,
+    UNDEF_PRICE,
+)
 
 __all__ = [
     "FEATURE_NAMES",
@@ -66,7 +84,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "trade_volume_signed",  # contracts, + buyer-initiated, - seller-initiated
     "trade_volume",  # contracts
     "trade_count",
-    "realized_var",  # sum of squared record-to-record mid log-returns in the bar
+    "realized_var_ticks2",  # sum of squared record-to-record mid changes in the bar, ticks^2
     "update_count",  # records in the bar
     "log_depth_bid_l10",  # log1p(contracts on the 10 bid levels), book at close
     "log_depth_ask_l10",
@@ -76,20 +94,7 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 _F = len(FEATURE_NAMES)
 _COL = {name: i for i, name in enumerate(FEATURE_NAMES)}
-_BOOK = {name: i for i, name in enumerate(BOOK_COLUMNS)}
-_BOOK_TO_FEATURE = [
-    (_BOOK[name], _COL[name])
-    for name in (
-        "spread_ticks",
-        "microprice_offset_ticks",
-        "depth_imbalance_l1",
-        "depth_imbalance_l3",
-        "depth_imbalance_l5",
-        "depth_imbalance_l10",
-        "log_depth_bid_l10",
-        "log_depth_ask_l10",
-    )
-]
+_OFI_COL = _COL["ofi_l1"]
 _DAY_NS = 86_400 * 1_000_000_000
 _TWO_PI = 2.0 * math.pi
 
@@ -168,10 +173,11 @@ class _Carry:
     last_ok: bool = False  # last record healthy
     last_clock: int = 0  # clock (max ts_recv) of the last record, 0 = none
     last_index: int = -1
-    book: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(BOOK_COLUMNS)))
+    book: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(BOOK_INTS), np.int64))
     has_book: bool = False
-    mid: float = 0.0  # fixed-point mid of the last healthy record, 0 = none
-    close_mid: float = 0.0  # the same at the previous close
+    mid2: int = 0  # bid + ask (fixed point) of the last healthy record, 0 = none
+    half_ticks: int = 0  # the same in ticks (twice the mid in ticks), 0 = none
+    close_mid2: int = 0  # mid2 at the previous close
     close_ts: int = 0  # previous close, 0 = none
 
 
@@ -185,18 +191,13 @@ def _bar_sums(x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     return out
 
 
-def _log_ratio(cur: np.ndarray, prev: np.ndarray) -> np.ndarray:
-    """``log(cur / prev)`` where both are positive, else 0 (float64)."""
-    ok = (cur > 0) & (prev > 0)
-    return np.log(np.where(ok, cur, 1.0) / np.where(ok, prev, 1.0))
-
-
 _WORDS = MBP10_DTYPE.itemsize // 8  # a record as int64 words
 _LEVEL_WORD = MBP10_DTYPE.fields["bid_px_00"][1] // 8  # type: ignore[index]
 _BID_PX = _LEVEL_WORD + 4 * np.arange(LEVELS)  # word of level k's bid price
 _ASK_PX = _BID_PX + 1
 _SIZES = _BID_PX + 2  # bid size in the low 32 bits, ask size in the high 32 bits
 _LOW32 = np.int64(0xFFFFFFFF)
+_DEPTH_COLS = [k - 1 for k in (1, 3, 5, 10)]
 
 
 def _prev_words(
@@ -261,11 +262,9 @@ def _bar_ofi(
         s1 = words[rows, _SIZES[lev]]
         s0 = _prev_words(words, carried, rows, _SIZES[lev])
         if is_bid:
-            p1 = np.where(p1 == UNDEF_PRICE, -1, p1)
-            p0 = np.where(p0 == UNDEF_PRICE, -1, p0)
-            val = np.where(p1 > p0, s0 & _LOW32, 0) - np.where(p1 < p0, s1 & _LOW32, 0)
+            val = ofi_price_term(p1, p0, s1 & _LOW32, s0 & _LOW32, bid=True)
         else:
-            val = np.where(p1 > p0, s1 >> 32, 0) - np.where(p1 < p0, s0 >> 32, 0)
+            val = ofi_price_term(p1, p0, s1 >> 32, s0 >> 32, bid=False)
         bars.append(np.searchsorted(ends, rows, side="right"))
         levels.append(lev)
         values.append(val)
@@ -282,6 +281,129 @@ def _bar_ofi(
         sums = np.bincount(flat, weights=np.concatenate(values), minlength=n_bars * LEVELS)
         ofi += sums.astype(np.int64).reshape(n_bars, LEVELS)
     return ofi
+
+
+def ofi_price_term(p1: Any, p0: Any, q1: Any, q0: Any, *, bid: bool) -> Any:
+    """The part of one level's order-flow term that a price change adds to the size change.
+
+    With ``p0, q0`` a level's price and size before a record and ``p1, q1`` after it, the
+    level's OFI term (:func:`_bar_ofi`) is ``(q1 - q0) + ofi_price_term(...)`` on the bid side
+    and ``-(q1 - q0) + ofi_price_term(...)`` on the ask side. Operands are Python ints or int64
+    arrays (both paths use this one definition). An empty bid level (``UNDEF_PRICE``) is the
+    lowest price; an empty ask level is the highest, as ``UNDEF_PRICE`` already is.
+    """
+    if bid:
+        up = (p1 != p0) & ((p0 == UNDEF_PRICE) | ((p1 != UNDEF_PRICE) & (p1 > p0)))
+        down = (p1 != p0) & (up ^ True)
+        return up * q0 - down * q1
+    return (p1 > p0) * q1 - (p1 < p0) * q0
+
+
+class _ScalarOps:
+    """Operations of :func:`_book_values` and :func:`_finalise` on Python scalars (one bar).
+
+    NumPy's ``log``/``sin``/``cos``/``log1p`` are used on both paths: on scalars they run the
+    same inner loops as on arrays, so both paths agree bit for bit (``math.log`` may not: NumPy
+    has its own SIMD logarithm)."""
+
+    log = staticmethod(np.log)
+    log1p = staticmethod(np.log1p)
+    sin = staticmethod(np.sin)
+    cos = staticmethod(np.cos)
+
+    @staticmethod
+    def where(cond: Any, a: Any, b: Any) -> Any:
+        return a if cond else b
+
+
+class _ArrayOps:
+    """The same operations on arrays (many bars)."""
+
+    log = staticmethod(np.log)
+    log1p = staticmethod(np.log1p)
+    sin = staticmethod(np.sin)
+    cos = staticmethod(np.cos)
+    where = staticmethod(np.where)
+
+
+_Ops = Any  # type[_ScalarOps] | type[_ArrayOps]: duck-typed, since operands are ints or arrays
+
+BOOK_INTS: tuple[str, ...] = (
+    "bid",
+    "ask",
+    "bid_size",
+    "ask_size",
+    *(f"bid_depth_l{k}" for k in (1, 3, 5, 10)),
+    *(f"ask_depth_l{k}" for k in (1, 3, 5, 10)),
+)
+"""What a bar keeps of the book at its close: best prices (fixed point), best sizes and the
+sizes summed over levels 1..k (contracts); all zero before the first healthy record."""
+_DEPTH_LEVELS = (1, 3, 5, 10)
+
+
+def _book_values(book: Any, tick: int, ops: _Ops) -> dict[str, Any]:
+    """Book features at a close from :data:`BOOK_INTS` values (ints, or int64 arrays).
+
+    ``spread_ticks = (a - b) / tick``; ``microprice_offset_ticks`` = (microprice - mid) / tick =
+    ``spread_ticks * (qb - qa) / (2 (qb + qa))`` (microprice ``(b qa + a qb) / (qa + qb)``);
+    ``depth_imbalance_lk = (B_k - A_k) / (B_k + A_k)``; ``log_depth_*_l10 = log1p(size on 10
+    levels)``; every ratio is 0 when its denominator is 0 (no book yet)."""
+    bid, ask, qb, qa = book[0], book[1], book[2], book[3]
+    top = qb + qa
+    spread = (ask - bid) / tick
+    out = {
+        "mid_ticks": (bid + ask) / (2 * tick),
+        "spread_ticks": spread,
+        "microprice_offset_ticks": spread * (qb - qa) / (2 * ops.where(top > 0, top, 1)),
+        "bid_price": bid / PRICE_SCALE,
+        "ask_price": ask / PRICE_SCALE,
+        "mid_price": (bid + ask) / (2 * PRICE_SCALE),
+        "log_depth_bid_l10": ops.log1p(book[7]),
+        "log_depth_ask_l10": ops.log1p(book[11]),
+    }
+    for i, k in enumerate(_DEPTH_LEVELS):
+        b_k, a_k = book[4 + i], book[8 + i]
+        total = b_k + a_k
+        out[f"depth_imbalance_l{k}"] = (b_k - a_k) / ops.where(total > 0, total, 1)
+    return out
+
+
+def _finalise(
+    *,
+    mid2: Any,
+    mid2_before: Any,
+    close_ts: Any,
+    close_ts_before: Any,
+    book_values: dict[str, Any],
+    signed_volume: Any,
+    volume: Any,
+    trades: Any,
+    records: Any,
+    rv_half_ticks2: Any,
+    tick: int,
+    ops: _Ops,
+) -> dict[str, Any]:
+    """Every feature but the per-level OFI from a bar's sufficient statistics, for one bar
+    (Python scalars) or many (arrays): the one definition both paths use.
+
+    ``mid2``/``mid2_before``: best bid + best ask (fixed point) of the last healthy record at
+    this close and at the previous one (0: none yet); ``book_values``: :func:`_book_values` of the
+    book at the close; ``rv_half_ticks2``: sum over the bar of the squared record-to-record
+    change of ``mid2`` in ticks (twice the mid in ticks)."""
+    ok = (mid2 > 0) & (mid2_before > 0)
+    angle = (close_ts % _DAY_NS) * (_TWO_PI / _DAY_NS)
+    return book_values | {
+        "mid_logret": ops.log(ops.where(ok, mid2, 1) / ops.where(ok, mid2_before, 1)),
+        "mid_change_ticks": ops.where(ok, mid2 - mid2_before, 0) / (2 * tick),
+        "trade_volume_signed": signed_volume,
+        "trade_volume": volume,
+        "trade_count": trades,
+        "realized_var_ticks2": rv_half_ticks2 / 4,
+        "update_count": records,
+        "bar_seconds": (close_ts - close_ts_before) / 1e9,
+        "tod_sin": ops.sin(angle),
+        "tod_cos": ops.cos(angle),
+    }
 
 
 def _kernel(
@@ -342,40 +464,48 @@ def _kernel(
         flows_i = np.stack((signed, np.where(is_trade, size, 0), is_trade.astype(np.int64), ~ok), axis=1)
         flows = _bar_sums(flows_i.astype(np.int64), starts, ends)
 
-        # mid of the last healthy record, record by record
-        mid = (bid.astype(np.float64) + ask.astype(np.float64)) * 0.5
+        # twice the mid (bid + ask) of the last healthy record, record by record
+        mid2 = bid + ask
         last_ok_idx = np.maximum.accumulate(np.where(ok, np.arange(n), -1))
-        mid_h = np.where(last_ok_idx >= 0, mid[np.maximum(last_ok_idx, 0)], carry.mid)
-        prev_mid = np.empty(n)
-        prev_mid[0] = carry.mid
-        prev_mid[1:] = mid_h[:-1]
-        r = _log_ratio(mid_h, prev_mid)
-        rv = _bar_sums(r * r, starts, ends)
+        has_h = last_ok_idx >= 0
+        half_ticks = np.where(has_h, mid2[np.maximum(last_ok_idx, 0)] // tick, carry.half_ticks)
+        before = np.empty(n, np.int64)
+        before[0] = carry.half_ticks
+        before[1:] = half_ticks[:-1]
+        step = np.where((half_ticks > 0) & (before > 0), half_ticks - before, 0)
+        rv = _bar_sums(step * step, starts, ends)
     else:
         ofi = np.zeros((n_bars, LEVELS), np.int64)
         flows = np.zeros((n_bars, 4), np.int64)
-        rv = np.zeros(n_bars)
+        rv = np.zeros(n_bars, np.int64)
 
     # the book at each close: last healthy record at or before it, else carried
     last = ends - 1
     has_rec = last >= 0
-    book = np.broadcast_to(carry.book, (n_bars, len(BOOK_COLUMNS))).copy()
-    close_mid = np.full(n_bars, carry.mid)
+    book = np.empty((n_bars, len(BOOK_INTS)), np.int64)
+    book[:] = carry.book
+    close_mid2 = np.full(n_bars, carry.mid2, np.int64)
     has_book = np.full(n_bars, carry.has_book)
     last_ok_bar = np.full(n_bars, carry.last_ok)
     last_clock = np.full(n_bars, carry.last_clock, np.int64)
     if n:
         h = np.where(has_rec, last_ok_idx[np.maximum(last, 0)], -1)
         with_book = h >= 0
-        book[with_book] = book_columns(lv, h[with_book], tick)
-        close_mid[with_book] = mid[h[with_book]]
+        rows = h[with_book]
+        sizes = words[rows][:, _SIZES]
+        depth_b = np.cumsum(sizes & _LOW32, axis=1)[:, _DEPTH_COLS]
+        depth_a = np.cumsum(sizes >> 32, axis=1)[:, _DEPTH_COLS]
+        book[with_book] = np.concatenate(
+            (np.stack((bid[rows], ask[rows], depth_b[:, 0], depth_a[:, 0]), axis=1), depth_b, depth_a), axis=1
+        )
+        close_mid2[with_book] = mid2[rows]
         has_book |= with_book
         last_ok_bar[has_rec] = ok[last[has_rec]]
         last_clock[has_rec] = clock[last[has_rec]]
-    prev_close_mid = np.empty(n_bars)
+    close_mid2_before = np.empty(n_bars, np.int64)
     if n_bars:
-        prev_close_mid[0] = carry.close_mid
-        prev_close_mid[1:] = close_mid[:-1]
+        close_mid2_before[0] = carry.close_mid2
+        close_mid2_before[1:] = close_mid2[:-1]
 
     close_ts = plan.close_ts.astype(np.int64)
     prev_close_ts = np.empty(n_bars, np.int64)
@@ -383,25 +513,28 @@ def _kernel(
         prev_close_ts[0] = carry.close_ts or close_ts[0]
         prev_close_ts[1:] = close_ts[:-1]
 
-    feats = np.zeros((n_bars, _F), np.float64)
-    feats[:, _COL["mid_logret"]] = _log_ratio(close_mid, prev_close_mid)
-    both = (close_mid > 0) & (prev_close_mid > 0)
-    feats[:, _COL["mid_change_ticks"]] = np.where(both, close_mid - prev_close_mid, 0.0) / tick
-    for src, dst in _BOOK_TO_FEATURE:
-        feats[:, dst] = book[:, src]
+    n_records = ends - starts
+    values = _finalise(
+        mid2=close_mid2,
+        mid2_before=close_mid2_before,
+        close_ts=close_ts,
+        close_ts_before=prev_close_ts,
+        book_values=_book_values(book.T, tick, _ArrayOps),
+        signed_volume=flows[:, 0],
+        volume=flows[:, 1],
+        trades=flows[:, 2],
+        records=n_records,
+        rv_half_ticks2=rv,
+        tick=tick,
+        ops=_ArrayOps,
+    )
+    feats = np.empty((n_bars, _F), np.float64)
+    for name, col in _COL.items():
+        if name in values:
+            feats[:, col] = values[name]
     ofi_col = _COL["ofi_l1"]
     feats[:, ofi_col : ofi_col + LEVELS] = ofi
     feats[:, _COL["ofi_total"]] = ofi.sum(axis=1)
-    feats[:, _COL["trade_volume_signed"]] = flows[:, 0]
-    feats[:, _COL["trade_volume"]] = flows[:, 1]
-    feats[:, _COL["trade_count"]] = flows[:, 2]
-    feats[:, _COL["realized_var"]] = rv
-    n_records = ends - starts
-    feats[:, _COL["update_count"]] = n_records
-    feats[:, _COL["bar_seconds"]] = (close_ts - prev_close_ts) / 1e9
-    angle = (close_ts % _DAY_NS) * (_TWO_PI / _DAY_NS)
-    feats[:, _COL["tod_sin"]] = np.sin(angle)
-    feats[:, _COL["tod_cos"]] = np.cos(angle)
 
     tradable = (flows[:, 3] == 0) & last_ok_bar & has_book & (close_ts - last_clock <= stale_ns)
     tradable &= last_clock > 0
@@ -418,13 +551,13 @@ def _kernel(
         symbol=spec.symbol,
         ts_close=close_ts,
         features=feats.astype(np.float32),
-        mid_ticks=book[:, _BOOK["mid_ticks"]].copy(),
-        mid_price=book[:, _BOOK["mid_price"]].copy(),
-        spread_ticks=book[:, _BOOK["spread_ticks"]].copy(),
-        bid_price=book[:, _BOOK["bid_price"]].copy(),
-        ask_price=book[:, _BOOK["ask_price"]].copy(),
-        bid_size=book[:, _BOOK["bid_size"]].astype(np.int64),
-        ask_size=book[:, _BOOK["ask_size"]].astype(np.int64),
+        mid_ticks=np.asarray(values["mid_ticks"], np.float64),
+        mid_price=np.asarray(values["mid_price"], np.float64),
+        spread_ticks=np.asarray(values["spread_ticks"], np.float64),
+        bid_price=np.asarray(values["bid_price"], np.float64),
+        ask_price=np.asarray(values["ask_price"], np.float64),
+        bid_size=book[:, 2].copy(),
+        ask_size=book[:, 3].copy(),
         close_index=close_index.astype(np.int64),
         n_records=n_records.astype(np.int64),
         tradable=tradable,
@@ -439,8 +572,9 @@ def _kernel(
         last_index=int(close_index[-1]),
         book=book[-1].copy(),
         has_book=bool(has_book[-1]),
-        mid=float(close_mid[-1]),
-        close_mid=float(close_mid[-1]),
+        mid2=int(close_mid2[-1]),
+        half_ticks=int(half_ticks[-1]) if n else carry.half_ticks,
+        close_mid2=int(close_mid2[-1]),
         close_ts=int(close_ts[-1]),
     )
     if n:
@@ -553,8 +687,23 @@ def compute_all(
     return FeatureSet(frames, monitors, int(records.shape[0] - np.count_nonzero(valid)))
 
 
-_HEAD = struct.Struct("<BBxxI24xQ")  # length (4-byte words), rtype, instrument_id, ts_recv
+_REC = struct.Struct("<BBHIQqIccBBQiI" + "qqIIII" * LEVELS)
+"""One MBP-10 record as Python values: header and event fields (0-13), then level ``k`` at
+``14 + 6k``: bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct."""
 _RECORD_SIZE = MBP10_DTYPE.itemsize
+_IID = struct.Struct("<4xI")
+# positions in an unpacked record
+_F_LENGTH, _F_RTYPE, _F_IID, _F_PRICE, _F_SIZE = 0, 1, 3, 5, 6
+_F_ACTION, _F_SIDE, _F_TS, _F_SEQ = 7, 8, 11, 13
+
+
+def _book_ints(f: tuple[Any, ...]) -> tuple[int, ...]:
+    """:data:`BOOK_INTS` of an unpacked record."""
+    bs, as_ = f[16::6], f[17::6]
+    b3 = bs[0] + bs[1] + bs[2]
+    a3 = as_[0] + as_[1] + as_[2]
+    b5, a5 = b3 + bs[3] + bs[4], a3 + as_[3] + as_[4]
+    return (f[14], f[15], bs[0], as_[0], bs[0], b3, b5, b5 + sum(bs[5:]), as_[0], a3, a5, a5 + sum(as_[5:]))
 
 
 class IncrementalBars:
@@ -562,28 +711,49 @@ class IncrementalBars:
     as it closes (the same bars and features as :func:`compute_bars` on the same records).
 
     ``push`` takes the 368 raw bytes of one MBP-10 record (what a NATS message carries; from an
-    array, :meth:`push_records`). Per record it does a few integer operations and appends the
-    bytes to the open bar; the kernel runs once per bar. The health state is therefore updated
-    at each close (the decision point), except the clock-based checks: :meth:`poll` with the
-    caller's clock (simulated in replay) closes due time bars and opens stale episodes, and
-    :meth:`report_gap` takes a transport gap.
+    array, :meth:`push_records`). Per record it unpacks the fields once and updates the bar's
+    sufficient statistics in plain Python with the shared definitions (:func:`fault_mask`,
+    :func:`ofi_price_term`); at the close :func:`_finalise` turns them into features, the same
+    function the vectorised path applies to arrays. :meth:`poll` with the caller's clock
+    (simulated in replay) closes due time bars and opens stale episodes; :meth:`report_gap`
+    takes a transport gap (the open bar is not tradable).
     """
 
     def __init__(self, instrument: InstrumentSpec, bars: BarConfig, health: HealthConfig) -> None:
         self.spec = instrument
-        self._bars = bars
         self._health = health
         self._stale_ns = _stale_ns(health)
-        tick_fixed(instrument.tick_size)
+        self._tick = tick_fixed(instrument.tick_size)
         self._clock = BarClock(bars, self._stale_ns)
         self.monitor = HealthMonitor(instrument.instrument_id, instrument.symbol)
-        self._carry = _Carry()
-        self._buf = bytearray()
-        self._n_open = 0
         self._n_seen = 0
         self._gap = False  # a gap was reported in the open bar
         self._gap_open = False  # the gap episode waits for the next record
         self._stale_open = False  # the clock found the feed stale; the next record ends it
+        # the previous record
+        self._last: tuple[Any, ...] | None = None
+        self._last_ok = False
+        self._last_bid = self._last_ask = UNDEF_PRICE  # valid best prices, for the jump rule
+        # the last healthy record and the previous close
+        self._healthy: tuple[Any, ...] | None = None
+        self._book: tuple[int, ...] = (0,) * len(BOOK_INTS)
+        self._book_values = _book_values(self._book, self._tick, _ScalarOps)
+        self._book_of: tuple[Any, ...] | None = None
+        self._mid2 = 0
+        self._half_ticks = 0
+        self._close_mid2 = 0
+        self._close_ts = 0
+        self._close_index = -1
+        self._end_sizes: tuple[Any, ...] | None = None  # sizes at the previous bar's last record
+        self._open_bar()
+
+    def _open_bar(self) -> None:
+        self._n_open = 0
+        self._n_bad = 0
+        self._signed = self._volume = self._trades = self._rv = 0
+        self._ofi = [0] * LEVELS  # price-change corrections and excluded pairs
+        self._ts: list[int] = []
+        self._masks: list[int] = []
 
     @property
     def records_seen(self) -> int:
@@ -591,13 +761,17 @@ class IncrementalBars:
 
     def book(self) -> BookSnapshot | None:
         """The current book (levels of the last record pushed), ``None`` before any record."""
-        if self._n_open:
-            raw = bytes(self._buf[-_RECORD_SIZE:])
-            return BookSnapshot.from_record(np.frombuffer(raw, MBP10_DTYPE))
-        words = self._carry.last_words
-        if words is None:
+        f = self._last
+        if f is None:
             return None
-        return BookSnapshot.from_record(words.view(MBP10_DTYPE))
+        return BookSnapshot(
+            instrument_id=self.spec.instrument_id,
+            ts_recv=f[_F_TS],
+            bid_px=f[14::6],
+            ask_px=f[15::6],
+            bid_sz=f[16::6],
+            ask_sz=f[17::6],
+        )
 
     def push(self, record: bytes | bytearray | memoryview) -> BarFrame | None:
         """Add one raw MBP-10 record of this instrument; return the bars it closes (or ``None``).
@@ -607,26 +781,91 @@ class IncrementalBars:
         """
         if len(record) != _RECORD_SIZE:
             raise FeedError(f"an MBP-10 record has {_RECORD_SIZE} bytes, got {len(record)}")
-        length, rtype, iid, ts = _HEAD.unpack_from(record)
-        if rtype != MBP10_RTYPE or length * 4 != _RECORD_SIZE:
-            raise FeedError(f"not an MBP-10 record (rtype {rtype:#x}, length {length * 4})")
-        if iid != self.spec.instrument_id:
-            raise UnknownInstrument(f"record of instrument {iid} pushed to {self.spec.symbol}")
-        out = None
-        if self._stale_open:
+        f = _REC.unpack_from(record)
+        if f[_F_RTYPE] != MBP10_RTYPE or f[_F_LENGTH] * 4 != _RECORD_SIZE:
+            raise FeedError(f"not an MBP-10 record (rtype {f[_F_RTYPE]:#x}, length {f[_F_LENGTH] * 4})")
+        if f[_F_IID] != self.spec.instrument_id:
+            raise UnknownInstrument(f"record of instrument {f[_F_IID]} pushed to {self.spec.symbol}")
+        ts = f[_F_TS]
+        last = self._last
+        clock_before = self._clock.clock_ts if last is not None else ts
+        if self._stale_open or (last is not None and ts - clock_before > self._stale_ns):
             self._stale_open = False
-            self.monitor.silence(self._clock.clock_ts, ts, self._stale_ns)
-        closes = self._clock.on_record(ts)
-        if closes:
-            out = self._close(closes)
+            self.monitor.silence(clock_before, ts, self._stale_ns)
         if self._gap_open:
             self._gap_open = False
             self.monitor.gap_ended(ts)
-        self._buf += record
+        closes = self._clock.on_record(ts)
+        out = self._close(closes, clock_before) if closes else None
+
+        bids, asks, bsz, asz = f[14::6], f[15::6], f[16::6], f[17::6]
+        bid, ask = bids[0], asks[0]
+        is_trade = f[_F_ACTION] == ACTION_TRADE
+        mask = fault_mask(
+            bid=bid,
+            ask=ask,
+            bid_sz=bsz[0],
+            ask_sz=asz[0],
+            trade_price=f[_F_PRICE] if is_trade else 1,
+            ts=ts,
+            clock_before=clock_before,
+            seq=f[_F_SEQ],
+            seq_before=f[_F_SEQ] if last is None else last[_F_SEQ],
+            bid_before=self._last_bid,
+            ask_before=self._last_ask,
+            tick=self._tick,
+            config=self._health,
+        )
+        ok = mask == 0
+        self._ts.append(ts)
+        self._masks.append(mask)
+        if last is not None:
+            ofi = self._ofi
+            if ok and self._last_ok:
+                if bids != last[14::6]:
+                    pb, pq = last[14::6], last[16::6]
+                    for k in range(LEVELS):
+                        if bids[k] != pb[k]:
+                            ofi[k] += ofi_price_term(bids[k], pb[k], bsz[k], pq[k], bid=True)
+                if asks != last[15::6]:
+                    pa, pq = last[15::6], last[17::6]
+                    for k in range(LEVELS):
+                        if asks[k] != pa[k]:
+                            ofi[k] += ofi_price_term(asks[k], pa[k], asz[k], pq[k], bid=False)
+            else:  # a pair with an unhealthy record adds no flow
+                pqb, pqa = last[16::6], last[17::6]
+                for k in range(LEVELS):
+                    ofi[k] -= (bsz[k] - pqb[k]) - (asz[k] - pqa[k])
+        else:
+            self._end_sizes = f
+        if is_trade:
+            size = f[_F_SIZE]
+            self._trades += 1
+            self._volume += size
+            side = f[_F_SIDE]
+            if side == SIDE_BID:
+                self._signed += size
+            elif side == SIDE_ASK:
+                self._signed -= size
+        if ok:
+            mid2 = bid + ask
+            half_ticks = mid2 // self._tick
+            if half_ticks > 0 and self._half_ticks > 0:
+                step = half_ticks - self._half_ticks
+                self._rv += step * step
+            self._half_ticks = half_ticks
+            self._mid2 = mid2
+            self._healthy = f
+        else:
+            self._n_bad += 1
+        self._last = f
+        self._last_ok = ok
+        self._last_bid = valid_top(bid)
+        self._last_ask = valid_top(ask)
         self._n_open += 1
         self._n_seen += 1
         if self._clock.after_record():
-            out = self._close([self._clock.clock_ts])
+            out = self._close([self._clock.clock_ts], self._clock.clock_ts)
         return out
 
     def push_records(self, records: np.ndarray) -> list[BarFrame]:
@@ -643,11 +882,12 @@ class IncrementalBars:
     def poll(self, now_ns: int) -> BarFrame | None:
         """Judge the feed at the caller's clock ``now_ns`` (UNIX ns): open a stale episode when
         nothing came for ``stale_after_s`` and close the time bars due strictly before now."""
-        if self._n_seen and now_ns - self._clock.clock_ts > self._stale_ns:
+        clock = self._clock.clock_ts
+        if self._last is not None and now_ns - clock > self._stale_ns:
             self._stale_open = True
-            self.monitor.silence(self._clock.clock_ts, None, self._stale_ns)
+            self.monitor.silence(clock, None, self._stale_ns)
         closes = self._clock.on_clock(now_ns)
-        return self._close(closes) if closes else None
+        return self._close(closes, clock) if closes else None
 
     def report_gap(self, at_ns: int) -> None:
         """The transport lost records at ``at_ns``: the open bar is not tradable and a gap
@@ -655,27 +895,96 @@ class IncrementalBars:
         self._gap = self._gap_open = True
         self.monitor.gap(at_ns)
 
-    def _close(self, closes: list[int]) -> BarFrame:
-        n = self._n_open
-        records = np.frombuffer(bytes(self._buf), MBP10_DTYPE) if n else np.zeros(0, MBP10_DTYPE)
-        plan = BarPlan(
-            ends=np.full(len(closes), n, np.int64),
-            close_ts=np.array(closes, np.int64),
+    def _close(self, closes: list[int], last_clock: int) -> BarFrame:
+        """The bars closing at ``closes``: the open bar (when it holds records) and empty bars.
+        ``last_clock`` is the clock of the last record before the close."""
+        if self._masks and (any(self._masks) or self.monitor.failing_records()):
+            self.monitor.observe(np.array(self._ts, np.int64), np.array(self._masks, np.uint8))
+        rows: list[list[float]] = []
+        columns: list[tuple[Any, ...]] = []
+        tick = self._tick
+        for j, close in enumerate(closes):
+            n = self._n_open if j == 0 else 0
+            if n:
+                last, start = self._last, self._end_sizes
+                assert last is not None and start is not None
+                lb, la, sb, sa = last[16::6], last[17::6], start[16::6], start[17::6]
+                ofi = [(lb[k] - sb[k]) - (la[k] - sa[k]) + self._ofi[k] for k in range(LEVELS)]
+                self._end_sizes = last
+                self._close_index = self._n_seen - 1
+                stats = (self._signed, self._volume, self._trades, self._rv)
+                if self._healthy is not self._book_of and self._healthy is not None:
+                    self._book_of = self._healthy
+                    book = _book_ints(self._healthy)
+                    if book != self._book:
+                        self._book = book
+                        self._book_values = _book_values(book, tick, _ScalarOps)
+            else:
+                ofi = [0] * LEVELS
+                stats = (0, 0, 0, 0)
+            values = _finalise(
+                mid2=self._mid2,
+                mid2_before=self._close_mid2,
+                close_ts=close,
+                close_ts_before=self._close_ts or close,
+                book_values=self._book_values,
+                signed_volume=stats[0],
+                volume=stats[1],
+                trades=stats[2],
+                records=n,
+                rv_half_ticks2=stats[3],
+                tick=tick,
+                ops=_ScalarOps,
+            )
+            values["ofi_total"] = sum(ofi)
+            row = [values.get(name, 0.0) for name in FEATURE_NAMES]
+            row[_OFI_COL : _OFI_COL + LEVELS] = ofi
+            rows.append(row)
+            tradable = (
+                (self._n_bad == 0 or n == 0)
+                and self._last_ok
+                and self._healthy is not None
+                and close - last_clock <= self._stale_ns
+                and last_clock > 0
+                and not (j == 0 and self._gap)
+            )
+            columns.append(
+                (
+                    close,
+                    values["mid_ticks"],
+                    values["mid_price"],
+                    values["spread_ticks"],
+                    values["bid_price"],
+                    values["ask_price"],
+                    self._book[2],
+                    self._book[3],
+                    self._close_index,
+                    n,
+                    tradable,
+                )
+            )
+            self._close_mid2 = self._mid2
+            self._close_ts = close
+            if j == 0:
+                self._gap = False
+                self._open_bar()
+        cols = list(zip(*columns, strict=True))
+        return BarFrame(
+            instrument_id=self.spec.instrument_id,
+            symbol=self.spec.symbol,
+            ts_close=np.array(cols[0], np.int64),
+            features=np.array(rows, np.float64).astype(np.float32),
+            mid_ticks=np.array(cols[1], np.float64),
+            mid_price=np.array(cols[2], np.float64),
+            spread_ticks=np.array(cols[3], np.float64),
+            bid_price=np.array(cols[4], np.float64),
+            ask_price=np.array(cols[5], np.float64),
+            bid_size=np.array(cols[6], np.int64),
+            ask_size=np.array(cols[7], np.int64),
+            close_index=np.array(cols[8], np.int64),
+            n_records=np.array(cols[9], np.int64),
+            tradable=np.array(cols[10], bool),
         )
-        frame, self._carry = _kernel(
-            records,
-            plan,
-            self._carry,
-            spec=self.spec,
-            health=self._health,
-            monitor=self.monitor,
-            index_base=self._n_seen - n,
-            blocked_first=self._gap,
-        )
-        self._gap = False
-        self._buf.clear()
-        self._n_open = 0
-        return frame
 
 
 class IncrementalFeatures:
@@ -696,7 +1005,7 @@ class IncrementalFeatures:
         if len(record) != _RECORD_SIZE:
             self.rejected += 1
             return None
-        builder = self.by_id.get(_HEAD.unpack_from(record)[2])
+        builder = self.by_id.get(_IID.unpack_from(record)[0])
         if builder is None:
             self.rejected += 1
             return None

@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,9 @@ __all__ = [
     "HealthMonitor",
     "HealthState",
     "PrevTop",
+    "fault_mask",
     "record_faults",
+    "valid_top",
 ]
 
 log = logging.getLogger(__name__)
@@ -87,6 +90,7 @@ _RECORD_CHECKS: tuple[Check, ...] = (
     Check.BAD_PRICE,
     Check.TIME_BACKWARDS,
 )
+_SEQUENCE, _CROSSED, _EMPTY_SIDE, _BAD_PRICE, _TIME_BACKWARDS = (c.bit for c in _RECORD_CHECKS)
 RECORD_FAULTS: int = sum(c.bit for c in _RECORD_CHECKS)
 """Mask of the checks judged per record (a record failing any of them is unhealthy)."""
 
@@ -105,9 +109,61 @@ class PrevTop:
     ask: int
 
 
-def _valid_price(px: np.ndarray) -> np.ndarray:
-    valid: np.ndarray = (px != UNDEF_PRICE) & (px > 0)
-    return valid
+def fault_mask(
+    *,
+    bid: Any,
+    ask: Any,
+    bid_sz: Any,
+    ask_sz: Any,
+    trade_price: Any,
+    ts: Any,
+    clock_before: Any,
+    seq: Any,
+    seq_before: Any,
+    bid_before: Any,
+    ask_before: Any,
+    tick: int,
+    config: HealthConfig,
+) -> Any:
+    """The record rules, written once for both paths: every operand is either a Python int (one
+    record, the incremental path) or an int64 array (one entry per record, the vectorised path).
+
+    ``bid``/``ask`` best prices (fixed point), ``bid_sz``/``ask_sz`` their sizes,
+    ``trade_price`` the event price of a trade record (``1`` for other records: always valid),
+    ``ts`` the record's ``ts_recv``, ``clock_before`` the running maximum of ``ts_recv`` before
+    it (``ts`` for the first record), ``seq``/``seq_before`` its and the previous record's
+    sequence, ``bid_before``/``ask_before`` the previous record's best prices when present and
+    positive, else ``UNDEF_PRICE``. Returns the fault bits (int, or an int array).
+    """
+    empty = (bid == UNDEF_PRICE) | (ask == UNDEF_PRICE) | (bid_sz == 0) | (ask_sz == 0)
+    present = empty ^ True
+    crossed = present & (bid >= ask)
+    ok_bid = (bid != UNDEF_PRICE) & (bid > 0)
+    ok_ask = (ask != UNDEF_PRICE) & (ask > 0)
+    limit = config.max_price_jump_ticks * tick
+    stale_ns = round(config.stale_after_s * 1e9)
+    jump = (ok_bid & (bid_before != UNDEF_PRICE) & (abs(bid - bid_before) > limit)) | (
+        ok_ask & (ask_before != UNDEF_PRICE) & (abs(ask - ask_before) > limit)
+    )
+    bad = (present & ((ok_bid & ok_ask) ^ True)) | (trade_price == UNDEF_PRICE) | (trade_price <= 0) | jump
+    seq_bad = seq < seq_before
+    if config.max_sequence_gap > 0:
+        seq_bad = seq_bad | (seq - seq_before > config.max_sequence_gap)
+    # after a stale silence the venue may have restarted its sequence (a new session)
+    seq_bad = seq_bad & (ts - clock_before <= stale_ns)
+    return (
+        empty * _EMPTY_SIDE
+        | crossed * _CROSSED
+        | bad * _BAD_PRICE
+        | (ts < clock_before) * _TIME_BACKWARDS
+        | seq_bad * _SEQUENCE
+    )
+
+
+def valid_top(px: int) -> int:
+    """``px`` when it is a present, positive price, else ``UNDEF_PRICE`` (what the jump rule
+    compares with)."""
+    return px if px != UNDEF_PRICE and px > 0 else UNDEF_PRICE
 
 
 def record_faults(
@@ -119,59 +175,50 @@ def record_faults(
     tick: int,
     config: HealthConfig,
 ) -> np.ndarray:
-    """Fault mask (uint8, shape ``(n,)``) of ``records`` (one instrument, arrival order).
-
-    ``bid``/``ask`` are the best prices of the records (int64 fixed point, shape ``(n,)``),
-    ``prev`` the instrument's previous record (``None`` at the start of the stream), ``tick`` the
-    tick size in fixed point. Only the record bits of :class:`Check` are set here.
-    """
+    """:func:`fault_mask` of every record of ``records`` (one instrument, arrival order), uint8
+    ``(n,)``. ``bid``/``ask`` are the records' best prices (int64 ``(n,)``), ``prev`` the
+    instrument's previous record (``None`` at the start of the stream), ``tick`` the tick size
+    in fixed point."""
     n = records.shape[0]
-    faults = np.zeros(n, dtype=np.uint8)
     if n == 0:
-        return faults
-    bid_sz = records["bid_sz_00"]
-    ask_sz = records["ask_sz_00"]
-    empty = (bid == UNDEF_PRICE) | (ask == UNDEF_PRICE) | (bid_sz == 0) | (ask_sz == 0)
-    faults |= empty.view(np.uint8) * np.uint8(Check.EMPTY_SIDE.bit)
-    ok_bid = _valid_price(bid)
-    ok_ask = _valid_price(ask)
-    crossed = ~empty & (bid >= ask)
-    faults |= crossed.view(np.uint8) * np.uint8(Check.CROSSED.bit)
-
-    price = records["price"]
-    is_trade = records["action"] == ACTION_TRADE
-    bad = (~empty & ~(ok_bid & ok_ask)) | (is_trade & ~_valid_price(price))
+        return np.zeros(0, dtype=np.uint8)
     ts = records["ts_recv"].astype(np.int64)
     seq = records["sequence"].astype(np.int64)
-    prev_bid = np.empty(n, dtype=np.int64)
-    prev_ask = np.empty(n, dtype=np.int64)
-    prev_bid[1:] = np.where(ok_bid[:-1], bid[:-1], UNDEF_PRICE)
-    prev_ask[1:] = np.where(ok_ask[:-1], ask[:-1], UNDEF_PRICE)
-    prev_ts = np.empty(n, dtype=np.int64)
-    np.maximum.accumulate(ts[:-1], out=prev_ts[1:])
-    prev_seq = np.empty(n, dtype=np.int64)
-    prev_seq[1:] = seq[:-1]
+    ok_bid = (bid != UNDEF_PRICE) & (bid > 0)
+    ok_ask = (ask != UNDEF_PRICE) & (ask > 0)
+    bid_before = np.empty(n, dtype=np.int64)
+    ask_before = np.empty(n, dtype=np.int64)
+    bid_before[1:] = np.where(ok_bid[:-1], bid[:-1], UNDEF_PRICE)
+    ask_before[1:] = np.where(ok_ask[:-1], ask[:-1], UNDEF_PRICE)
+    clock_before = np.empty(n, dtype=np.int64)
+    np.maximum.accumulate(ts[:-1], out=clock_before[1:])
+    seq_before = np.empty(n, dtype=np.int64)
+    seq_before[1:] = seq[:-1]
     if prev is None:
-        prev_bid[0] = prev_ask[0] = UNDEF_PRICE
-        prev_ts[0] = ts[0]
-        prev_seq[0] = seq[0]
+        bid_before[0] = ask_before[0] = UNDEF_PRICE
+        clock_before[0] = ts[0]
+        seq_before[0] = seq[0]
     else:
-        prev_bid[0], prev_ask[0], prev_seq[0] = prev.bid, prev.ask, prev.sequence
-        prev_ts[0] = prev.ts_recv
-        np.maximum(prev_ts, prev.ts_recv, out=prev_ts)
-    limit = config.max_price_jump_ticks * tick
-    jump_bid = ok_bid & (prev_bid != UNDEF_PRICE) & (np.abs(bid - prev_bid) > limit)
-    jump_ask = ok_ask & (prev_ask != UNDEF_PRICE) & (np.abs(ask - prev_ask) > limit)
-    bad |= jump_bid | jump_ask
-    faults |= bad.view(np.uint8) * np.uint8(Check.BAD_PRICE.bit)
-    faults |= (ts < prev_ts).view(np.uint8) * np.uint8(Check.TIME_BACKWARDS.bit)
-    seq_bad = seq < prev_seq
-    if config.max_sequence_gap > 0:
-        seq_bad |= (seq - prev_seq) > config.max_sequence_gap
-    # after a stale silence the venue may have restarted its sequence (a new session)
-    seq_bad &= ts - prev_ts <= round(config.stale_after_s * 1e9)
-    faults |= seq_bad.view(np.uint8) * np.uint8(Check.SEQUENCE.bit)
-    return faults
+        bid_before[0], ask_before[0], seq_before[0] = prev.bid, prev.ask, prev.sequence
+        clock_before[0] = prev.ts_recv
+        np.maximum(clock_before, prev.ts_recv, out=clock_before)
+    trade_price = np.where(records["action"] == ACTION_TRADE, records["price"], 1)
+    faults = fault_mask(
+        bid=bid,
+        ask=ask,
+        bid_sz=records["bid_sz_00"],
+        ask_sz=records["ask_sz_00"],
+        trade_price=trade_price,
+        ts=ts,
+        clock_before=clock_before,
+        seq=seq,
+        seq_before=seq_before,
+        bid_before=bid_before,
+        ask_before=ask_before,
+        tick=tick,
+        config=config,
+    )
+    return np.asarray(faults, dtype=np.uint8)
 
 
 def prev_top_of(records: np.ndarray, bid: np.ndarray, ask: np.ndarray, prev: PrevTop | None) -> PrevTop:
@@ -183,8 +230,8 @@ def prev_top_of(records: np.ndarray, bid: np.ndarray, ask: np.ndarray, prev: Pre
     return PrevTop(
         ts_recv=ts_max,
         sequence=int(records["sequence"][-1]),
-        bid=b if b != UNDEF_PRICE and b > 0 else UNDEF_PRICE,
-        ask=a if a != UNDEF_PRICE and a > 0 else UNDEF_PRICE,
+        bid=valid_top(b),
+        ask=valid_top(a),
     )
 
 
@@ -253,6 +300,10 @@ class HealthMonitor:
             end_ns,
             episode.count,
         )
+
+    def failing_records(self) -> bool:
+        """Whether a record check has an open episode (it ends with the next healthy record)."""
+        return any(check in self._open for check in _RECORD_CHECKS)
 
     def observe(self, ts_recv: np.ndarray, faults: np.ndarray) -> None:
         """Account the fault masks ``faults`` (uint8 ``(n,)``) of records received at

@@ -95,7 +95,7 @@ def test_trades_returns_and_book_of_a_hand_built_bar() -> None:
     assert f[COL["update_count"]] == 4
     assert f[COL["mid_change_ticks"]] == 2.0
     assert f[COL["mid_logret"]] == np.float32(math.log(4002.5 / 4000.5))
-    assert f[COL["realized_var"]] == pytest.approx(math.log(4002.5 / 4000.5) ** 2, rel=1e-6)
+    assert f[COL["realized_var_ticks2"]] == 4.0  # one step of 2 ticks
     assert f[COL["bar_seconds"]] == 1.0
     angle = 2 * math.pi * ((T0 + 2 * 10**9) % (86400 * 10**9)) / (86400 * 10**9)
     assert f[COL["tod_sin"]] == pytest.approx(math.sin(angle), abs=1e-6)
@@ -104,6 +104,25 @@ def test_trades_returns_and_book_of_a_hand_built_bar() -> None:
     assert (frame.bid_size[1], frame.ask_size[1]) == (10, 10)
     assert frame.close_index.tolist() == [0, 4]
     assert frame.features[0, COL["mid_logret"]] == 0.0  # first bar: no previous close
+
+
+def test_book_features_by_hand() -> None:
+    # bid 4000 x 3, ask 4002 x 1 (deeper levels: bid sizes 3+k, ask sizes 1+2k)
+    records = book_records([Row(ts=1, bid=4000, ask=4002, bid_sz=3, ask_sz=1)])
+    frame = compute_bars(records, SPEC, BarConfig(clock="events", events=1), HEALTH)
+    f = dict(zip(FEATURE_NAMES, frame.features[0].tolist(), strict=True))
+    assert (frame.mid_ticks[0], frame.spread_ticks[0]) == (4001.0, 2.0)
+    # microprice = (b*qa + a*qb)/(qa+qb) = (1000*1 + 1000.5*3)/4 = 1000.375; mid 1000.25
+    assert f["microprice_offset_ticks"] == pytest.approx(0.5)
+    assert f["depth_imbalance_l1"] == pytest.approx((3 - 1) / 4)
+    bid3, ask3 = 3 + 4 + 5, 1 + 3 + 5
+    assert f["depth_imbalance_l3"] == pytest.approx((bid3 - ask3) / (bid3 + ask3))
+    bid10 = sum(3 + k for k in range(LEVELS))
+    ask10 = sum(1 + 2 * k for k in range(LEVELS))
+    assert f["depth_imbalance_l10"] == pytest.approx((bid10 - ask10) / (bid10 + ask10))
+    assert f["log_depth_bid_l10"] == pytest.approx(math.log1p(bid10))
+    assert (frame.bid_price[0], frame.ask_price[0], frame.mid_price[0]) == (1000.0, 1000.5, 1000.25)
+    assert (frame.bid_size[0], frame.ask_size[0]) == (3, 1)
 
 
 def test_no_healthy_book_yet_gives_zeros_not_nan() -> None:
