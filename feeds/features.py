@@ -1,10 +1,20 @@
-"""Causal bar features per instrument: one kernel, a vectorised and an incremental path.
+"""Causal bar features per instrument: one set of definitions, a vectorised and an incremental path.
 
-:func:`compute_bars` runs the kernel once over all records of an instrument (replay, training);
-:class:`IncrementalBars` buffers the raw records of the open bar and runs *the same kernel* on
-them when the bar closes (live), carrying the little state a bar needs from the one before
-(:class:`_Carry`). The features of a bar are therefore the same numbers on both paths
-(tests/feeds/test_features_parity.py checks them bit for bit).
+Both paths reduce a bar's records to the same *sufficient statistics*, all integers (per-level
+order-flow imbalance, signed and total traded volume, trade count, records, unhealthy records,
+the sum of squared mid steps in half-ticks) plus the book at the close, and turn them into
+features with one function, :func:`_finalise` (and :func:`_book_values`). The record rules are
+shared the same way: :func:`feeds.health.fault_mask` and :func:`ofi_price_term` are written once
+over operands that are Python ints (one record) or int64 arrays (many).
+
+* :func:`compute_bars` (replay, training) evaluates them over arrays, a group of whole bars of
+  about :data:`_CHUNK_RECORDS` records at a time (a small carry links the groups);
+* :class:`IncrementalBars` (live) unpacks each raw record once and updates the open bar's
+  statistics in plain Python; at the close it calls :func:`_finalise` on scalars.
+
+Integers are exact and NumPy's ``log``/``sin``/``cos`` give the same bits on scalars and arrays,
+so the features are identical on both paths (tests/feeds/test_features_parity.py checks every
+column bit for bit, on random, faulty, synthetic and official data).
 
 Causality: the features of the bar closing at ``close(t)`` use only the records in
 ``(close(t-1), close(t)]`` (see :mod:`feeds.bars`) and the book at ``close(t)`` (the levels of
