@@ -138,6 +138,9 @@ class Daemon:
         self._flattening = False
         self._feed_ok = False
         self._feed_clock_ns = 0
+        """Latest ``ts_recv`` seen (the feed's clock, UNIX ns)."""
+        self._feed_wall_ns = 0
+        """Wall clock when the feed clock last moved."""
         self._ctx: zmq.asyncio.Context | None = None
         self._sql: SqlWorker | None = None
         self._models: ModelHost | None = None
@@ -308,7 +311,7 @@ class Daemon:
         self._cancel_all("shutdown")
         venue = self._venue
         if venue is not None:
-            venue.advance(max(self._feed_clock_ns, time.time_ns()) + 10**10)
+            venue.advance(self._feed_now() + 10**10)
         deadline = time.monotonic() + self.config.daemon.stop_timeout_s / 2
         while (self.orders.open_orders() or self._reports) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -378,6 +381,7 @@ class Daemon:
 
     def _on_records(self, records: np.ndarray[Any, np.dtype[np.void]], arrival_ns: int) -> None:
         self._feed_clock_ns = max(self._feed_clock_ns, int(records["ts_recv"][-1]))
+        self._feed_wall_ns = time.time_ns()
         venue = self._venue
         assert venue is not None
         venue.on_records(records)
@@ -678,12 +682,13 @@ class Daemon:
         while True:
             await asyncio.sleep(period)
             now = time.time_ns()
-            if live:
-                frames = self.features.poll(now)
+            if live and self._feed_clock_ns:
+                feed_now = self._feed_now()
+                frames = self.features.poll(feed_now)
                 if frames:
                     self._enqueue(frames, now)
                 if self._venue is not None:
-                    self._venue.advance(now)
+                    self._venue.advance(feed_now)
             self._check_venue(now)
             await self._check_pnl(now)
             if self._flattening:
@@ -692,6 +697,13 @@ class Daemon:
             if self._feed_ok and not (self._tasks and self._tasks[0].done()):
                 self.notifier.watchdog()
             self.notifier.status(self._status_line())
+
+    def _feed_now(self) -> int:
+        """The feed clock extrapolated with the wall clock since the last record: equal to the
+        wall clock for a live feed, and never ahead of a replayed (historical) feed's pace."""
+        if not self._feed_clock_ns:
+            return time.time_ns()
+        return self._feed_clock_ns + max(0, time.time_ns() - self._feed_wall_ns)
 
     def _check_venue(self, now_ns: int) -> None:
         venue = self._venue
