@@ -105,6 +105,9 @@ FEATURE_NAMES: tuple[str, ...] = (
 _F = len(FEATURE_NAMES)
 _COL = {name: i for i, name in enumerate(FEATURE_NAMES)}
 _OFI_COL = _COL["ofi_l1"]
+_SCALAR_NAMES = [name for name in FEATURE_NAMES if not name.startswith("ofi_")]
+"""The features :func:`_finalise` computes, in :data:`FEATURE_NAMES` order; the OFI columns
+(``ofi_l1..ofi_l10``, ``ofi_total``) sit together at ``_OFI_COL``."""
 _DAY_NS = 86_400 * 1_000_000_000
 _TWO_PI = 2.0 * math.pi
 
@@ -911,7 +914,9 @@ class IncrementalBars:
         if self._masks and (any(self._masks) or self.monitor.failing_records()):
             self.monitor.observe(np.array(self._ts, np.int64), np.array(self._masks, np.uint8))
         rows: list[list[float]] = []
-        columns: list[tuple[Any, ...]] = []
+        prices: list[tuple[float, ...]] = []
+        ints: list[tuple[int, ...]] = []
+        tradables: list[bool] = []
         tick = self._tick
         for j, close in enumerate(closes):
             n = self._n_open if j == 0 else 0
@@ -946,9 +951,8 @@ class IncrementalBars:
                 tick=tick,
                 ops=_ScalarOps,
             )
-            values["ofi_total"] = sum(ofi)
-            row = [values.get(name, 0.0) for name in FEATURE_NAMES]
-            row[_OFI_COL : _OFI_COL + LEVELS] = ofi
+            row = [values[name] for name in _SCALAR_NAMES]
+            row[_OFI_COL:_OFI_COL] = [*ofi, sum(ofi)]
             rows.append(row)
             tradable = (
                 (self._n_bad == 0 or n == 0)
@@ -958,42 +962,39 @@ class IncrementalBars:
                 and last_clock > 0
                 and not (j == 0 and self._gap)
             )
-            columns.append(
+            tradables.append(tradable)
+            prices.append(
                 (
-                    close,
                     values["mid_ticks"],
                     values["mid_price"],
                     values["spread_ticks"],
                     values["bid_price"],
                     values["ask_price"],
-                    self._book[2],
-                    self._book[3],
-                    self._close_index,
-                    n,
-                    tradable,
                 )
             )
+            ints.append((close, self._book[2], self._book[3], self._close_index, n))
             self._close_mid2 = self._mid2
             self._close_ts = close
             if j == 0:
                 self._gap = False
                 self._open_bar()
-        cols = list(zip(*columns, strict=True))
+        f8 = np.array(prices, np.float64).T  # one allocation per kind; the columns are its rows
+        i8 = np.array(ints, np.int64).T
         return BarFrame(
             instrument_id=self.spec.instrument_id,
             symbol=self.spec.symbol,
-            ts_close=np.array(cols[0], np.int64),
+            ts_close=i8[0],
             features=np.array(rows, np.float64).astype(np.float32),
-            mid_ticks=np.array(cols[1], np.float64),
-            mid_price=np.array(cols[2], np.float64),
-            spread_ticks=np.array(cols[3], np.float64),
-            bid_price=np.array(cols[4], np.float64),
-            ask_price=np.array(cols[5], np.float64),
-            bid_size=np.array(cols[6], np.int64),
-            ask_size=np.array(cols[7], np.int64),
-            close_index=np.array(cols[8], np.int64),
-            n_records=np.array(cols[9], np.int64),
-            tradable=np.array(cols[10], bool),
+            mid_ticks=f8[0],
+            mid_price=f8[1],
+            spread_ticks=f8[2],
+            bid_price=f8[3],
+            ask_price=f8[4],
+            bid_size=i8[1],
+            ask_size=i8[2],
+            close_index=i8[3],
+            n_records=i8[4],
+            tradable=np.array(tradables, bool),
         )
 
 

@@ -303,7 +303,7 @@ class HealthMonitor:
 
     def failing_records(self) -> bool:
         """Whether a record check has an open episode (it ends with the next healthy record)."""
-        return any(check in self._open for check in _RECORD_CHECKS)
+        return bool(self._open) and any(check in self._open for check in _RECORD_CHECKS)
 
     def observe(self, ts_recv: np.ndarray, faults: np.ndarray) -> None:
         """Account the fault masks ``faults`` (uint8 ``(n,)``) of records received at
