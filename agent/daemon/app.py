@@ -69,6 +69,8 @@ from agent.train.env import agent_features
 from agent.train.floors import VOL_REF_FLOOR
 from feeds.book import tick_fixed
 from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
+from feeds.health import fault_mask
+from feeds.records import PRICE_SCALE, UNDEF_PRICE
 from feeds.sources import HealthEvent, HealthKind, RecordBatch, Source, build_source
 from storage.errors import DatabaseUnavailable, StorageError
 from storage.records import InstrumentInfo, NewFill, OrderStatus, instrument_set_key
@@ -243,7 +245,9 @@ class Daemon:
         state = await sql.call(sql.ledger.rebuild, self.account)
         for iid, pos in state.positions.items():
             if iid in self.slot:
-                self.portfolio.restore(iid, pos.qty, pos.avg_price * 1e9, pos.realized_points * 1e9, pos.fees)
+                self.portfolio.restore(
+                    iid, pos.qty, pos.avg_price * PRICE_SCALE, pos.realized_points * PRICE_SCALE, pos.fees
+                )
         restored: list[OpenOrder] = []
         for rec in state.open_orders:
             if self.config.broker.mode == "paper":
@@ -453,7 +457,7 @@ class Daemon:
             self.metrics.healthy.labels(instrument=self.symbols[iid]).set(1 if tradable else 0)
             if tradable:
                 logret[i] = float(frame.features[r, _LOGRET])
-                self.marks[iid] = float(frame.mid_price[r]) * 1e9
+                self.marks[iid] = float(frame.mid_price[r]) * PRICE_SCALE
             pos = self.portfolio.position(iid)
             unit = float(np.sign(pos))
             entry_ticks = self.portfolio.avg_price(iid) / self.tick_px[iid]
@@ -496,7 +500,7 @@ class Daemon:
                 self.counts["stale_decisions"] += 1
                 self.metrics.drops.labels(kind="stale_decision").inc()
                 continue
-            order = self._order_for(iid, int(decision.target[j]), close)
+            order = self._order_for(iid, int(decision.target[j]), close, r)
             if order is not None:
                 orders.append(order)
             if self._telemetry is not None:
@@ -521,19 +525,75 @@ class Daemon:
         by_iid = {iid: close for iid, (_, _, close) in batch}
         return [by_iid[o.instrument_id] for o in orders]
 
-    def _order_for(self, iid: int, target: int, close: _Close) -> NewOrder | None:
-        """The order moving ``iid`` to ``target`` (risk-clamped), or None."""
-        if self.halts or self._intake_stopped or self._flattening:
+    def _order_for(self, iid: int, target: int, close: _Close, row: int) -> NewOrder | None:
+        """The order moving ``iid`` to ``target`` (risk-clamped), or None.
+
+        Market orders walk the book. Limit orders (``broker.order_type = "limit"``) join the
+        near touch of the bar's close (bid for a buy, ask for a sell); when the target moves
+        while orders of the instrument still work, they are cancelled first and the new order
+        waits for the next bar, so working and new orders never add up past the target.
+        """
+        if self.halts or self._intake_stopped or self._flattening or not self._book_ok(iid):
             return None
-        clamped = self.risk.clamp(target)
-        delta = clamped - (self.portfolio.position(iid) + self.orders.working(iid))
-        if delta == 0:
+        delta = self.risk.clamp(target) - (self.portfolio.position(iid) + self.orders.working(iid))
+        limit = self.config.broker.order_type == "limit"
+        if delta == 0 or (limit and self._cancel_working(iid)):
             return None
         if not self.risk.order_allowed():
             self.metrics.rejections.labels(kind="order_rate").inc()
             return None
         side: Side = "buy" if delta > 0 else "sell"
-        return self.orders.new(iid, side, abs(delta), ts_ns=self._feed_clock_ns, wall_ns=time.time_ns())
+        price = None
+        if limit:
+            touch = float(close.frame.bid_price[row] if side == "buy" else close.frame.ask_price[row])
+            if not touch > 0:
+                return None
+            price = round(touch * PRICE_SCALE)
+        return self.orders.new(
+            iid,
+            side,
+            abs(delta),
+            ts_ns=self._feed_clock_ns,
+            order_type="limit" if limit else "market",
+            limit_price=price,
+            wall_ns=time.time_ns(),
+        )
+
+    def _book_ok(self, iid: int) -> bool:
+        """The instrument's book *now* (its last record, which may be later than the bar close
+        the decision used) passes the record health rules: present, not crossed, sane prices."""
+        book = self.features.by_id[iid].book()
+        if book is None:
+            return False
+        faults = fault_mask(
+            bid=book.bid_px[0],
+            ask=book.ask_px[0],
+            bid_sz=book.bid_sz[0],
+            ask_sz=book.ask_sz[0],
+            trade_price=1,
+            ts=book.ts_recv,
+            clock_before=book.ts_recv,
+            seq=0,
+            seq_before=0,
+            bid_before=UNDEF_PRICE,
+            ask_before=UNDEF_PRICE,
+            tick=self.tick_px[iid],
+            config=self.config.feeds.health,
+        )
+        if faults:
+            self.counts["orders_blocked_by_book"] += 1
+        return not faults
+
+    def _cancel_working(self, iid: int) -> bool:
+        """Cancel the working orders of ``iid``; True when there were some (wait for them)."""
+        entries = self.orders.open_orders(iid)
+        for entry in entries:
+            if not entry.cancel_sent and self._venue is not None:
+                entry.cancel_sent = True
+                self._venue.cancel(
+                    CancelOrder(client_order_id=entry.order.client_order_id, ts_ns=self._feed_clock_ns)
+                )
+        return bool(entries)
 
     async def _send(self, orders: list[NewOrder], arrivals: list[int]) -> None:
         """Record the orders in the ledger, then send them (never the other way round)."""
@@ -827,6 +887,13 @@ class Daemon:
             if request.command == "promote":
                 sha = request.args.get("sha256", "")
                 record = await sql.call(sql.registry.get, sha)
+                try:  # verify before the registry says it is promoted
+                    await asyncio.to_thread(models.fetch, sha)
+                except ModelRefused as exc:
+                    await self._event(
+                        "swap_refused", str(exc), details={"sha256": sha, "serving": models.sha256}
+                    )
+                    raise ControlRefused(f"{exc}; still serving {models.sha256[:12] or 'no model'}") from None
                 if record.status == "candidate":
                     record = await sql.call(
                         sql.registry.promote, sha, by="tradeagent ctl", session_id=self.session_id

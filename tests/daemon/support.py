@@ -50,9 +50,11 @@ def synth_feed(out: Path, *, seed: int = 7, days: int = 1) -> list[Path]:
     return write_synthetic(out, instruments=INSTRUMENTS, synth=SynthConfig(days=days, signal=0.5), seed=seed)
 
 
-def model_checkpoint(seed: int = 0, *, window: int = TINY.window) -> tuple[bytes, str]:
+def model_checkpoint(seed: int = 0, *, d_model: int = TINY.d_model) -> tuple[bytes, str]:
     """A freshly initialised tiny model as checkpoint bytes, and its layout fingerprint."""
-    cfg = msgspec.structs.replace(TINY, window=window).with_features(len(FEATURE_NAMES) + len(AGENT_FEATURES))
+    cfg = msgspec.structs.replace(TINY, d_model=d_model).with_features(
+        len(FEATURE_NAMES) + len(AGENT_FEATURES)
+    )
     params = init_params(cfg, np.random.default_rng(seed))
     # Tilt the return head towards the top bin: the sizing then finds an edge whenever Thompson
     # picks "long", so the model trades (long or flat) instead of always staying flat.

@@ -1,0 +1,278 @@
+"""Must-hold behaviour of the daemon, run in-process on the test's event loop with real
+sockets, a real nats-server, the real SQLite ledger and real ZeroMQ control/telemetry:
+
+* corrupt bytes on the NATS subject, a crossed book and a stale feed are counted, no order is
+  sent on the instrument concerned, and the daemon keeps running;
+* the database unavailable for a while: new orders halt, nothing acknowledged is lost, trading
+  resumes when it returns;
+* a promotion during trading swaps the model between two decisions; a corrupt or mismatched
+  checkpoint is refused and the running model kept;
+* a failure inside inference stops new orders and keeps all state; the CPU fallback happens
+  only when configured, and is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+import zmq
+import zmq.asyncio
+
+from agent.config import Config
+from agent.control.client import ControlClient
+from agent.control.endpoints import control_endpoint, telemetry_endpoint
+from agent.control.errors import ControlRefused
+from agent.daemon.app import Daemon
+from agent.gpu.errors import InferenceError
+from feeds.dbn import read_mbp10, write_mbp10
+from feeds.sources import subject_for
+from storage import CheckpointStore, Journal, Ledger, open_database
+from storage.records import OrderRecord
+from tests.daemon.support import (
+    INSTRUMENTS,
+    config_text,
+    install_model,
+    model_checkpoint,
+    synth_feed,
+    write_config,
+)
+from tests.support.nats_server import NatsServer
+
+ES, NQ = (s.instrument_id for s in INSTRUMENTS)
+
+
+@asynccontextmanager
+async def running(config: Config) -> AsyncIterator[Daemon]:
+    daemon = Daemon(config)
+    task = asyncio.create_task(daemon.run())
+    try:
+        await wait_for(lambda: daemon.state == "running" or task.done(), 60)
+        if task.done():
+            task.result()
+        yield daemon
+    finally:
+        daemon.request_stop()
+        assert await asyncio.wait_for(task, 60) == 0
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+def _replay(feed: Path, pace: float) -> str:
+    return f'kind = "replay"\npath = "{feed}"\npace = {pace}'
+
+
+def _setup(tmp_path: Path, source: str, extra: str = "") -> Config:
+    config = write_config(tmp_path / "daemon.toml", config_text(tmp_path / "data", source, extra=extra))
+    blob, fingerprint = model_checkpoint()
+    install_model(config, blob, fingerprint)
+    return config
+
+
+def _orders(config: Config) -> list[OrderRecord]:
+    database = open_database(config.storage, config.data_dir)
+    try:
+        ledger = Ledger(database)
+        open_ids = {o.client_order_id for o in ledger.open_orders("paper")}
+        fills = ledger.fills(account="paper")
+        ids = {f.client_order_id for f in fills} | open_ids
+        return [ledger.order(i) for i in sorted(ids)]
+    finally:
+        database.close()
+
+
+def _count_fills(config: Config) -> int:
+    database = open_database(config.storage, config.data_dir)
+    try:
+        return Ledger(database).count_fills("paper")
+    finally:
+        database.close()
+
+
+async def test_corrupt_bytes_crossed_book_and_stale_feed_block_only_that_instrument(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    feed_dir = tmp_path / "synth"
+    synth_feed(feed_dir)
+    records = read_mbp10(feed_dir)
+    ts = records["ts_recv"].astype("int64")
+    lo, hi = int(ts[0] + (ts[-1] - ts[0]) * 0.3), int(ts[0] + (ts[-1] - ts[0]) * 0.6)
+    crossed = (records["instrument_id"] == ES) & (ts >= lo) & (ts < hi)
+    records["bid_px_00"][crossed] = records["ask_px_00"][crossed] + 250_000_000  # bid above ask
+    feed = write_mbp10(
+        tmp_path / "faulty.dbn.zst",
+        records,
+        dataset="SYNTH",
+        symbols={s.instrument_id: s.symbol for s in INSTRUMENTS},
+        start_ns=int(ts[0]),
+        end_ns=int(ts[-1]) + 1,
+    )
+    source = f'kind = "nats"\nnats_url = "{nats_server.url}"\ndataset = "SYNTH"\ndurable = "d"'
+    config = _setup(tmp_path, source, extra="\n[feeds.health]\nstale_after_s = 4.0\n")
+    async with running(config) as daemon:
+        relay = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "agent.cli", "--config", str(tmp_path / "daemon.toml"), "relay"),
+                *("--source", "replay", "--path", str(feed), "--pace", "40"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = await nats.connect(nats_server.url)
+        try:
+            await wait_for(lambda: daemon.counts["decisions"] > 20)
+            for junk in (b"\x00garbage that is not DBN", b"\xff" * 368, b""):
+                await client.publish(subject_for("SYNTH", "ES"), junk)
+            await client.flush()
+        finally:
+            await client.close()
+        assert await asyncio.to_thread(relay.wait, 60) == 0
+        await wait_for(lambda: daemon.counts["rejected_messages"] >= 2)
+        # The feed ends: within stale_after_s of feed time both books go stale.
+        await wait_for(lambda: not any(daemon.healthy.values()), 20)
+        await wait_for(lambda: daemon.counts["feed_stale"] >= 1, 20)
+        orders_at_stale = daemon.counts["orders"]
+        await asyncio.sleep(1.0)
+        assert daemon.counts["orders"] == orders_at_stale
+        assert daemon.state == "running"
+    orders = _orders(config)
+    during = [o for o in orders if lo <= o.ts_created_ns < hi]
+    assert [o for o in during if o.instrument_id == ES] == []
+    assert any(o.instrument_id == NQ for o in during)  # the healthy instrument kept trading
+    assert any(o.instrument_id == ES and o.ts_created_ns >= hi for o in orders)  # ES trades again
+
+
+async def test_database_outage_halts_new_orders_and_loses_nothing(tmp_path: Path) -> None:
+    feed = tmp_path / "synth"
+    synth_feed(feed)
+    extra = "\n[storage]\nbusy_timeout_ms = 100\nretry_deadline_s = 0.3\n"
+    config = _setup(tmp_path, _replay(feed, pace=30.0), extra=extra)
+    async with running(config) as daemon:
+        await wait_for(lambda: daemon.counts["fills"] >= 3)
+        lock = sqlite3.connect(Path(config.data_dir) / "tradeagent.db", timeout=5.0)
+        lock.execute("BEGIN EXCLUSIVE")
+        try:
+            await wait_for(lambda: "database" in daemon.halts.active, 30)
+            orders = daemon.counts["orders"]
+            await asyncio.sleep(1.0)
+            assert daemon.counts["orders"] == orders  # no new order while halted
+        finally:
+            lock.rollback()
+            lock.close()
+        await wait_for(lambda: "database" not in daemon.halts.active, 30)
+        await wait_for(lambda: daemon.counts["orders"] > orders, 30)
+        await wait_for(lambda: not daemon.orders.open_orders() and not daemon._reports, 30)
+        counted = daemon.counts["fills"]
+    assert _count_fills(config) == counted
+
+
+async def test_promotion_swaps_between_decisions_and_bad_checkpoints_are_refused(tmp_path: Path) -> None:
+    feed = tmp_path / "synth"
+    synth_feed(feed)
+    config = _setup(tmp_path, _replay(feed, pace=20.0))
+    ctx = zmq.asyncio.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(b"decision")
+    seen: list[str] = []
+
+    async def listen() -> None:
+        while True:
+            _, body = await sub.recv_multipart()
+            seen.append(msgspec.json.decode(body)["model"])
+
+    client = ControlClient(control_endpoint(config.control, config.data_dir), timeout_s=10.0)
+    try:
+        async with running(config) as daemon:
+            first = daemon.status()["model"]
+            sub.connect(telemetry_endpoint(config.control, config.data_dir))
+            listener = asyncio.create_task(listen())
+            await wait_for(lambda: len(seen) >= 5, 30)
+            blob, fingerprint = model_checkpoint(seed=1)
+            second = install_model(config, blob, fingerprint, promote=False)
+            reply = await asyncio.to_thread(client.request, "promote", sha256=second)
+            assert reply == {"serving": second, "previous": first, "swapped": True}
+            n_swap = len(seen)
+            await wait_for(lambda: len(seen) >= n_swap + 5, 30)
+
+            # Corrupt bytes in the store: the hash check refuses it.
+            blob3, fp3 = model_checkpoint(seed=2)
+            third = install_model(config, blob3, fp3, promote=False)
+            path = CheckpointStore.for_data_dir(config.data_dir).path(third)
+            path.chmod(0o644)
+            path.write_bytes(blob3[:-10] + b"corrupted!")
+            with pytest.raises(ControlRefused, match="still serving"):
+                await asyncio.to_thread(client.request, "promote", sha256=third)
+            # Another layout (window 8 instead of 4 still fits; d_model does not).
+            blob4, fp4 = model_checkpoint(seed=3, d_model=8)
+            fourth = install_model(config, blob4, fp4, promote=False)
+            with pytest.raises(ControlRefused, match="still serving"):
+                await asyncio.to_thread(client.request, "promote", sha256=fourth)
+            assert daemon.status()["model"] == second
+            n_after = len(seen)
+            await wait_for(lambda: len(seen) >= n_after + 3, 30)
+            listener.cancel()
+    finally:
+        sub.close(linger=0)
+        ctx.destroy(linger=0)
+    # Decisions used the first model, then the second, never a mix inside one and never back.
+    switches = [i for i in range(1, len(seen)) if seen[i] != seen[i - 1]]
+    assert seen[0] == first and seen[-1] == second and len(switches) == 1
+    database = open_database(config.storage, config.data_dir)
+    try:
+        kinds = [e.kind for e in Journal(database).events()]
+    finally:
+        database.close()
+    assert "swap" in kinds and kinds.count("swap_refused") == 2
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+async def test_inference_failure_halts_new_orders_and_keeps_state(
+    tmp_path: Path, fallback: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    feed = tmp_path / "synth"
+    synth_feed(feed)
+    config = _setup(tmp_path, _replay(feed, pace=20.0))
+    config = msgspec.structs.replace(
+        config, daemon=msgspec.structs.replace(config.daemon, cpu_fallback=fallback)
+    )
+    caplog.set_level(logging.WARNING, logger="agent.daemon")
+    async with running(config) as daemon:
+        await wait_for(lambda: daemon.counts["fills"] >= 2, 30)
+        engine = daemon._models.engine if daemon._models is not None else None
+        assert engine is not None
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise InferenceError("injected: device lost")
+
+        engine.decide = broken  # type: ignore[method-assign]
+        await wait_for(lambda: daemon.counts["inference_failures"] >= 1, 30)
+        await wait_for(lambda: not daemon.orders.open_orders() and not daemon._reports, 30)
+        positions = daemon.portfolio.positions()
+        orders = daemon.counts["orders"]
+        if fallback:
+            assert "inference" not in daemon.halts.active
+            assert daemon._models is not None and daemon._models.engine is not engine
+            await wait_for(lambda: daemon.counts["orders"] > orders, 30)
+            assert any("fell back to the CPU" in r.getMessage() for r in caplog.records)
+        else:
+            assert "inference" in daemon.halts.active
+            await asyncio.sleep(1.0)
+            assert daemon.counts["orders"] == orders
+            assert daemon.portfolio.positions() == positions
+            assert daemon.state == "running"
+            assert not any("fell back" in r.getMessage() for r in caplog.records)
+    assert _count_fills(config) == daemon.counts["fills"]
