@@ -664,6 +664,7 @@ def compute_bars(
     monitor = monitor or HealthMonitor(instrument.instrument_id, instrument.symbol)
     mine = (records["instrument_id"] == instrument.instrument_id) & (records["rtype"] == MBP10_RTYPE)
     if mine.all():
+        records = np.ascontiguousarray(records)  # the kernel views records as int64 words
         return _compute(records, 0, spec=instrument, bars=bars, health=health, monitor=monitor)
     positions = np.flatnonzero(mine)
     return _compute(records[positions], positions, spec=instrument, bars=bars, health=health, monitor=monitor)

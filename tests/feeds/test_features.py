@@ -154,6 +154,15 @@ def test_interleaved_instruments_are_split_and_unknown_ones_counted() -> None:
     assert (mixed["ts_recv"][idx] == result.frames["ES"].ts_close).all()
 
 
+def test_a_strided_view_gives_the_same_bars() -> None:
+    records = random_book(4000, seed=5)
+    bars = BarConfig(clock="events", events=9)
+    np.testing.assert_array_equal(
+        compute_bars(records[::2], SPEC, bars, HEALTH).features,
+        compute_bars(records[::2].copy(), SPEC, bars, HEALTH).features,
+    )
+
+
 def test_bad_input_is_a_clear_error() -> None:
     with pytest.raises(FeedError, match="MBP-10"):
         compute_bars(np.zeros(4, dtype=np.int64), SPEC, BarConfig(), HEALTH)
