@@ -20,7 +20,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.model.arrays import Array, Params, array_module
-from agent.model.ops import exp_floor, linear, rmsnorm, rmsnorm_backward, sigmoid, silu, silu_grad, softplus
+from agent.model.ops import (
+    exp_floor,
+    linear,
+    rmsnorm,
+    rmsnorm_backward,
+    sigmoid,
+    silu,
+    silu_grad,
+    softplus,
+    sum_leading,
+)
 
 __all__ = [
     "BlockCache",
@@ -166,7 +176,7 @@ def ssd_chunked_backward(
         ga = xp.flip(xp.cumsum(xp.flip(gcum, axis=-1), axis=-1), axis=-1)  # sum_{t >= r} gcum_t
         gxs.append(dtc[..., None] * gU)
         gdts.append((gU * xc).sum(axis=-1) + Ag[..., None] * ga)
-        gA = gA + (dtc * ga).sum(axis=(0, -1))
+        gA = gA + sum_leading((dtc * ga).sum(axis=-1).reshape(bt, -1)).reshape(Ag.shape)
         gBs.append(gB)
         gCs.append(gC)
 
@@ -283,29 +293,29 @@ def block_backward(params: Params, prefix: str, cache: BlockCache, gout: Array) 
 
     go = linear(gout, W_out.T)
     grads[prefix + "W_out"] = xp.matmul(gout.reshape(-1, d).T, cache.o.reshape(-1, di))
-    grads[prefix + "gnorm_w"] = (go * cache.vhat).reshape(-1, di).sum(axis=0)
+    grads[prefix + "gnorm_w"] = sum_leading(go * cache.vhat)
     gv = rmsnorm_backward(go * params[prefix + "gnorm_w"], cache.vhat, cache.r)
     gy = gv * cache.gate
     gz = gv * cache.y * silu_grad(cache.z)
 
     gy4 = gy.reshape(bt, length, heads, di // heads)
-    grads[prefix + "D"] = (gy4 * x).sum(axis=(0, 1, 3))
+    grads[prefix + "D"] = sum_leading((gy4 * x).sum(axis=-1))
     gx, gdt, gA, gB, gC = ssd_chunked_backward(
         x, cache.dt, cache.A, B, C, chunk=cache.chunk, states=cache.states, gy=gy4
     )
     gx = gx + params[prefix + "D"][:, None] * gy4
     grads[prefix + "A_log"] = gA * cache.A
     gs = gdt * sigmoid(cache.s)
-    grads[prefix + "dt_bias"] = gs.reshape(-1, heads).sum(axis=0)
+    grads[prefix + "dt_bias"] = sum_leading(gs)
 
     gxbc = xp.concatenate(
         [gx.reshape(bt, length, di), gB.reshape(bt, length, -1), gC.reshape(bt, length, -1)], axis=-1
     )
     gpre = gxbc * silu_grad(cache.pre)
-    grads[prefix + "conv_b"] = gpre.reshape(-1, cd).sum(axis=0)
+    grads[prefix + "conv_b"] = sum_leading(gpre)
     xpad = xp.concatenate([xp.zeros((bt, width - 1, cd), dtype=gout.dtype), cache.xbc_raw], axis=1)
     grads[prefix + "conv_w"] = xp.stack(
-        [(gpre * xpad[:, k : k + length]).reshape(-1, cd).sum(axis=0) for k in range(width)], axis=1
+        [sum_leading(gpre * xpad[:, k : k + length]) for k in range(width)], axis=1
     )
     gxpad = xp.zeros((bt, length + width - 1, cd), dtype=gout.dtype)
     for k in range(width):

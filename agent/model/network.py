@@ -14,7 +14,7 @@ from agent.model.arrays import Array, Params, array_module
 from agent.model.config import ModelConfig
 from agent.model.errors import ModelError
 from agent.model.mamba2 import BlockCache, block_backward, block_forward
-from agent.model.ops import linear, rmsnorm, rmsnorm_backward
+from agent.model.ops import linear, rmsnorm, rmsnorm_backward, sum_leading
 from agent.model.params import block_prefix
 
 __all__ = ["NetworkCache", "backward", "forward"]
@@ -75,12 +75,12 @@ def backward(
     gq = g_q_logits.reshape(bsz, -1)
     grads: Params = {
         "q.W": xp.matmul(gq.T, cache.feat),
-        "q.b": gq.sum(axis=0),
+        "q.b": sum_leading(gq),
         "ret.W": xp.matmul(g_ret_logits.T, cache.feat),
-        "ret.b": g_ret_logits.sum(axis=0),
+        "ret.b": sum_leading(g_ret_logits),
     }
     gfeat = xp.matmul(gq, params["q.W"]) + xp.matmul(g_ret_logits, params["ret.W"])
-    grads["final_norm_w"] = (gfeat * cache.fhat).sum(axis=0)
+    grads["final_norm_w"] = sum_leading(gfeat * cache.fhat)
     g_last = rmsnorm_backward(gfeat * params["final_norm_w"], cache.fhat, cache.fr)
     gh = xp.zeros((bsz, cfg.window, cfg.d_model), dtype=g_last.dtype)
     gh[:, -1] = g_last
@@ -89,9 +89,9 @@ def backward(
         block_grads, gn = block_backward(params, p, cache.blocks[i], gh)
         grads |= block_grads
         nhat, r = cache.norms[i]
-        grads[p + "norm_w"] = (gn * nhat).reshape(-1, cfg.d_model).sum(axis=0)
+        grads[p + "norm_w"] = sum_leading(gn * nhat)
         gh = gh + rmsnorm_backward(gn * params[p + "norm_w"], nhat, r)
     flat = gh.reshape(-1, cfg.d_model)
     grads["embed.W"] = xp.matmul(flat.T, cache.x.reshape(-1, cfg.n_features))
-    grads["embed.b"] = flat.sum(axis=0)
+    grads["embed.b"] = sum_leading(flat)
     return grads, linear(gh, params["embed.W"].T)
