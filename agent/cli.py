@@ -22,7 +22,18 @@ from storage.errors import StorageError
 __all__ = ["main"]
 
 # Sub-command modules, in the order `tradeagent --help` lists them.
-COMMANDS: tuple[str, ...] = ("demo", "synth", "bench", "db", "relay", "record", "train", "run", "ctl", "gateway")
+COMMANDS: tuple[str, ...] = (
+    "demo",
+    "synth",
+    "bench",
+    "db",
+    "relay",
+    "record",
+    "train",
+    "run",
+    "ctl",
+    "gateway",
+)
 
 log = logging.getLogger("tradeagent")
 
