@@ -78,6 +78,7 @@ class NatsSession:
         self._js: JetStreamContext | None = None
         self._disconnected_at_ns: int | None = None
         self._closing = False
+        self._last_error: Exception | None = None
 
     @property
     def client(self) -> Client:
@@ -92,21 +93,30 @@ class NatsSession:
         return self._js
 
     async def connect(self) -> None:
-        """Connect (one attempt per configured server); raises :class:`NatsUnavailable`."""
+        """Connect, retrying for up to ``connect_timeout_s`` (a server that is starting up is
+        fine); raises :class:`NatsUnavailable` naming the last error after that."""
+        self._last_error = None
         try:
-            self._nc = await nats.connect(
-                self.url,
-                name=self.name,
-                connect_timeout=max(1, round(self._connect_timeout_s)),
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                error_cb=self._error_cb,
-                disconnected_cb=self._disconnected_cb,
-                reconnected_cb=self._reconnected_cb,
+            self._nc = await asyncio.wait_for(
+                nats.connect(
+                    self.url,
+                    name=self.name,
+                    connect_timeout=max(1, round(self._connect_timeout_s)),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    error_cb=self._error_cb,
+                    disconnected_cb=self._disconnected_cb,
+                    reconnected_cb=self._reconnected_cb,
+                ),
+                self._connect_timeout_s,
             )
         except (OSError, TimeoutError, nats.errors.Error) as exc:
-            raise NatsUnavailable(f"{self.name}: cannot connect to {_redact_url(self.url)}: {exc}") from exc
+            reason = self._last_error or exc
+            raise NatsUnavailable(
+                f"{self.name}: cannot connect to {_redact_url(self.url)} within "
+                f"{self._connect_timeout_s:g} s: {reason!r}"
+            ) from None
         self._js = self._nc.jetstream()
         log.info("%s: connected to %s", self.name, _redact_url(self.url))
 
@@ -169,6 +179,10 @@ class NatsSession:
                 delay = min(delay * 2, 1.0)
 
     async def _error_cb(self, exc: Exception) -> None:
+        self._last_error = exc
+        if self._nc is None:  # still connecting: the caller reports the failure once
+            log.debug("%s: connection attempt failed: %r", self.name, exc)
+            return
         log.warning("%s: NATS error: %s", self.name, exc)
 
     async def _disconnected_cb(self) -> None:

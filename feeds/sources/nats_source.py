@@ -165,20 +165,35 @@ class NatsSource(QueuedSource):
         )
 
     async def _bind_consumer(self) -> None:
-        """Find the consumer (or create it) and bind a pull subscription to it."""
+        """Find the consumer (or create it) and bind a pull subscription to it.
+
+        Messages the server delivered but nobody acknowledged (to a process that died, or lost in
+        flight during an outage) would only come back after ``ack_wait`` and out of stream
+        order. So when the consumer has any, it is re-created to deliver again from its
+        acknowledgement floor, in order; what this process already took in is then skipped as
+        duplicates by stream sequence.
+        """
         session = self._session
         js = session.js
+        create, start = False, None
         try:
-            await session.retry(lambda: js.consumer_info(self.stream, self._consumer))
+            info = await session.retry(lambda: js.consumer_info(self.stream, self._consumer))
         except nats.js.errors.NotFoundError:
-            resume = self.last_stream_seq + 1 if self.last_stream_seq else None
-            config = self._consumer_config(resume)
+            create, start = True, (self.last_stream_seq + 1 if self.last_stream_seq else None)
+        else:
+            if info.num_ack_pending:
+                floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+                create, start = True, int(floor or 0) + 1
+                await session.retry(lambda: js.delete_consumer(self.stream, self._consumer))
+        if create:
+            config = self._consumer_config(start)
             await session.retry(lambda: js.add_consumer(self.stream, config=config))
+            self._unacked.clear()  # handles of a previous consumer cannot be acknowledged
             log.info(
-                "%s: created consumer %s (start %s)",
+                "%s: consumer %s (re)created, delivering from %s",
                 self.name,
                 self._consumer,
-                resume or config.deliver_policy,
+                start or config.deliver_policy,
             )
         old, self._pull = self._pull, None
         if old is not None:

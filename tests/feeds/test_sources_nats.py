@@ -12,8 +12,16 @@ import pytest
 
 from feeds.config import RelayConfig
 from feeds.relay import Relay
-from feeds.sources import HealthEvent, HealthKind, NatsSource, RecordBatch, ReplaySource, SourceEvent
-from feeds.sources.nats_session import NatsSession
+from feeds.sources import (
+    HealthEvent,
+    HealthKind,
+    NatsSource,
+    RecordBatch,
+    ReplaySource,
+    SourceEvent,
+    SourceState,
+)
+from feeds.sources.nats_session import NatsSession, NatsUnavailable
 from feeds.sources.nats_wire import MessageEncoder
 from tests.support.feed_data import DATASET, SYMBOLS, feed_records, sorted_by_key, write_feed
 from tests.support.nats_server import NatsServer
@@ -227,3 +235,15 @@ async def test_core_source_reconnects_resubscribes_and_reports_the_lost_messages
             assert sink.records.tobytes() == expected.tobytes()
     finally:
         await publisher.close()
+
+
+async def test_an_unreachable_server_is_a_clear_feed_error(nats_server: NatsServer) -> None:
+    nats_server.stop()
+    session = NatsSession(nats_server.url, "test-unreachable", connect_timeout_s=0.5)
+    with pytest.raises(NatsUnavailable, match=r"cannot connect to nats://127\.0\.0\.1:\d+ within 0\.5 s"):
+        await session.connect()
+    source = nats_source(nats_server)
+    source._session = session
+    with pytest.raises(NatsUnavailable):
+        await source.start()
+    assert source.state is SourceState.FAULTED
