@@ -179,7 +179,8 @@ class BarFrame:
 
 @dataclasses.dataclass(slots=True)
 class _Carry:
-    """State handed from one kernel call to the next (all from records before the call)."""
+    """State the vectorised kernel hands from one group of bars to the next (all from records
+    before the group): what :class:`IncrementalBars` keeps in its own fields."""
 
     prev: PrevTop | None = None  # health rules
     last_words: np.ndarray | None = None  # the last record as int64 words, (_WORDS,)
@@ -428,12 +429,11 @@ def _kernel(
     health: HealthConfig,
     monitor: HealthMonitor,
     index_base: np.ndarray | int,
-    blocked_first: bool = False,
 ) -> tuple[BarFrame, _Carry]:
-    """Features of the bars of ``plan`` over ``records`` (one instrument, exactly the records of
-    those bars, in arrival order). ``index_base`` maps local record indices to ``close_index``
-    (an int offset or an int64 ``(n,)`` position array). ``blocked_first`` marks the first bar
-    not tradable (a transport gap). Returns the frame and the carry for the next call."""
+    """The vectorised path: features of the bars of ``plan`` over ``records`` (one instrument,
+    exactly the records of those bars, in arrival order, contiguous). ``index_base`` maps local
+    record indices to ``close_index`` (an int offset or an int64 ``(n,)`` position array).
+    Returns the frame and the carry for the next group of bars."""
     tick = tick_fixed(spec.tick_size)
     stale_ns = round(health.stale_after_s * 1e9)
     n = records.shape[0]
@@ -551,8 +551,6 @@ def _kernel(
 
     tradable = (flows[:, 3] == 0) & last_ok_bar & has_book & (close_ts - last_clock <= stale_ns)
     tradable &= last_clock > 0
-    if blocked_first and n_bars:
-        tradable[0] = False
 
     if isinstance(index_base, np.ndarray):
         close_index = np.where(has_rec, index_base[np.maximum(last, 0)], carry.last_index)
