@@ -285,7 +285,9 @@ def _bar_ofi(
     bad = np.flatnonzero(~pair_ok)
     if bad.shape[0]:
         now = words[bad][:, _SIZES]
-        before = np.stack([_prev_words(words, carried, np.full(LEVELS, i), _SIZES) for i in bad.tolist()])
+        before = words[np.maximum(bad - 1, 0)][:, _SIZES]
+        if carried is not None:
+            before[bad == 0] = carried[_SIZES]
         change = ((now & _LOW32) - (before & _LOW32)) - ((now >> 32) - (before >> 32))
         bars.append(np.repeat(np.searchsorted(ends, bad, side="right"), LEVELS))
         levels.append(np.tile(np.arange(LEVELS), bad.shape[0]))
