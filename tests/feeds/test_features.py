@@ -65,9 +65,9 @@ def rough_book(n: int, seed: int) -> np.ndarray:
     return records
 
 
-@pytest.mark.parametrize("events", [1, 7, 64])
-def test_ofi_equals_the_textbook_definition(events: int) -> None:
-    records = rough_book(3000, seed=events)
+@pytest.mark.parametrize(("events", "n"), [(1, 3000), (64, 3000), (7, 20_000)])  # 20k: several groups
+def test_ofi_equals_the_textbook_definition(events: int, n: int) -> None:
+    records = rough_book(n, seed=events)
     frame = compute_bars(records, SPEC, BarConfig(clock="events", events=events), HEALTH)
     ends = np.arange(events, len(records) + 1, events)
     got = frame.features[:, COL["ofi_l1"] : COL["ofi_l1"] + LEVELS]
