@@ -1,0 +1,344 @@
+"""The event-driven backtest driver: the daemon's pipeline on a simulated clock.
+
+The recorded feed is replayed as fast as possible by the daemon's own source
+(:class:`feeds.sources.ReplaySource`, pace 0) and every record goes through the same components,
+in the same order, as in ``tradeagent run``: the incremental book/health/bar/feature builder
+(:class:`feeds.features.IncrementalFeatures`), the regime tracker with the learned floors, the
+batched inference engine (Thompson + Kelly x regime), the hard risk limits
+(:class:`agent.daemon.risk.RiskLimits`: position clamp, order rate on the feed clock, daily loss
+and drawdown breach = flatten and halt), the order manager, the paper broker
+(:class:`agent.execution.broker.PaperBroker`: latency on the feed clock, book walk, IOC
+remainder, fees) and the SQL ledger in a throwaway SQLite database: every order is recorded
+before it is sent and every fill is committed before the position counts it.
+
+Clock: the feed's ``ts_recv``. A bar closes when a record past its end arrives; its decision is
+taken once that record has reached the book, and the order placed at its ``ts_recv`` executes
+against the book as it stands ``broker.latency_ms`` later (the paper broker's rule).
+Recorded gaps and stale stretches are replayed as they are: the health rules mark the bars not
+tradable, and no order is sent on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.backtest.fast import FillList
+from agent.backtest.kernel import Decider, DecisionLog, model_inputs
+from agent.config import Config
+from agent.daemon.risk import RiskLimits
+from agent.execution.broker import PaperBroker
+from agent.execution.orders import OrderManager
+from agent.execution.portfolio import Portfolio
+from agent.execution.protocol import Cancelled, Fill, NewOrder, Reject, Report
+from agent.policy.regime import RegimeTracker
+from feeds.book import tick_fixed
+from feeds.config import InstrumentSpec
+from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
+from feeds.records import MBP10_DTYPE, PRICE_SCALE
+from feeds.sources import HealthEvent, HealthKind, ReplaySource
+from storage.engine import Database
+from storage.instruments import Instruments
+from storage.journal import Journal
+from storage.ledger import Ledger
+from storage.records import InstrumentInfo, NewFill
+from storage.records import NewOrder as LedgerOrder
+
+__all__ = ["EventDriver", "EventRun"]
+
+_LOGRET = FEATURE_NAMES.index("mid_logret")
+_RECORD = MBP10_DTYPE.itemsize
+ACCOUNT = "backtest"
+
+
+class EventRun:
+    """What one event-driven run produced."""
+
+    def __init__(self) -> None:
+        self.log = DecisionLog()
+        self.fills = FillList.empty()
+        self.frames: dict[str, list[BarFrame]] = {}
+        self.latency_ns: list[int] = []
+        """Per decision: closing record handed to the pipeline -> decision taken (order sent)."""
+        self.records = 0
+        self.counts: dict[str, int] = {}
+        self.halt_reason = ""
+        self.ledger_pnl = 0.0
+        """Realised + unrealised (last marks) - fees, rebuilt from the ledger's fills."""
+
+
+class EventDriver:
+    """One replay of ``path`` (records with ``start_ns <= ts_recv < end_ns``) through the pipeline.
+
+    ``database`` is the throwaway ledger (already migrated); ``decider`` serves one slot per
+    instrument in ``specs`` order.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        specs: Sequence[InstrumentSpec],
+        decider: Decider,
+        database: Database,
+        floors: Sequence[float],
+        *,
+        on_records: Callable[[int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.specs = list(specs)
+        self.decider = decider
+        self.slot = {s.instrument_id: i for i, s in enumerate(specs)}
+        self.tick_px = np.asarray([float(tick_fixed(s.tick_size)) for s in specs])
+        self.features = IncrementalFeatures(specs, config.feeds.bars, config.feeds.health)
+        self.regime = RegimeTracker(config.regime, config.policy.scale_floor, list(floors))
+        self.risk = RiskLimits(config.risk)
+        self.orders = OrderManager("bt")
+        self.broker = PaperBroker(config.broker, list(self.slot))
+        self.portfolio = Portfolio(self.specs)
+        self.ledger = Ledger(database)
+        self.database = database
+        self.marks: dict[int, float] = {}
+        self.bars_seen = [0] * len(specs)
+        self.order_bar: dict[str, tuple[int, int]] = {}
+        self.halted = False
+        self.flattening = False
+        self.run = EventRun()
+        self.run.frames = {s.symbol: [] for s in specs}
+        self._on_records = on_records
+        self._counts: dict[str, int] = {}
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self._counts[key] = self._counts.get(key, 0) + n
+
+    async def replay(self, path: str | Path, start_ns: int, end_ns: int) -> EventRun:
+        """Run the whole window; returns the run (the ledger is left in the database)."""
+        Instruments(self.database).upsert(
+            [
+                InstrumentInfo(
+                    instrument_id=s.instrument_id,
+                    symbol=s.symbol,
+                    tick_size=s.tick_size,
+                    tick_value=s.tick_value,
+                )
+                for s in self.specs
+            ]
+        )
+        session = Journal(self.database).start_session(
+            mode="backtest", host=socket.gethostname(), pid=os.getpid(), version="0.1.0"
+        )
+        self.session_id = session
+        source = ReplaySource(path, pace=0.0, batch_records=8192)
+        await source.start()
+        started = False
+        try:
+            async for event in source:
+                if isinstance(event, HealthEvent):
+                    self._health(event)
+                    continue
+                records = event.records
+                ts = records["ts_recv"]
+                if ts.shape[0] and (int(ts[0]) < start_ns or int(ts[-1]) >= end_ns):
+                    records = records[(ts >= start_ns) & (ts < end_ns)]
+                if records.shape[0] == 0:
+                    continue
+                if not started:
+                    started = True
+                    self.risk.start(0.0, int(records["ts_recv"][0]))
+                self._batch(records)
+                self.run.records += int(records.shape[0])
+                if self._on_records is not None:
+                    self._on_records(int(records.shape[0]))
+        finally:
+            await source.stop()
+        self._settle()
+        Journal(self.database).end_session(session, reason="backtest finished")
+        self.run.counts = dict(self._counts)
+        self.run.counts["rejected_records"] = self.features.rejected
+        self.run.counts["throttled_orders"] = self.risk.throttled
+        self.run.ledger_pnl = self._ledger_pnl()
+        return self.run
+
+    def _health(self, event: HealthEvent) -> None:
+        if event.kind in (HealthKind.GAP, HealthKind.DISCONNECTED, HealthKind.DROPPED):
+            for builder in self.features.by_id.values():
+                builder.report_gap(event.at_ns)
+        self._count(f"feed_{event.kind.value}")
+
+    def _batch(self, records: np.ndarray[Any, Any]) -> None:
+        """Records in feed order: the features and the broker see every record; a record that
+        closes a bar is seen by both, then the bar is decided (the order is placed at that
+        record's ``ts_recv``, after it)."""
+        raw = np.ascontiguousarray(records).data.cast("B")
+        ts = records["ts_recv"]
+        push = self.features.push
+        start = 0
+        for k in range(records.shape[0]):
+            t0 = time.perf_counter_ns()
+            frame = push(raw[k * _RECORD : (k + 1) * _RECORD])
+            if frame is not None:
+                self._market(records[start : k + 1])
+                start = k + 1
+                self._decide(frame, int(ts[k]), t0)
+        if start < records.shape[0]:
+            self._market(records[start:])
+
+    def _market(self, records: np.ndarray[Any, Any]) -> None:
+        reports = self.broker.on_records(records)
+        if reports:
+            self._reports(reports)
+
+    def _reports(self, reports: list[Report]) -> None:
+        """Fills are committed to the ledger first, then counted by the orders and the position."""
+        fills = [r for r in reports if isinstance(r, Fill)]
+        if fills:
+            self.ledger.record_fills(
+                [
+                    NewFill(
+                        fill_id=f.fill_id,
+                        client_order_id=f.client_order_id,
+                        qty=f.qty,
+                        price=f.price,
+                        ts_ns=f.ts_ns,
+                        fee=f.fee,
+                    )
+                    for f in fills
+                ]
+            )
+        for report in reports:
+            if isinstance(report, Fill):
+                self.orders.apply(report)
+                self.portfolio.apply(report)
+                inst, bar = self.order_bar[report.client_order_id]
+                out = self.run.fills
+                out.instrument.append(inst)
+                out.bar.append(bar)
+                out.ts_ns.append(report.ts_ns)
+                out.qty.append(float(report.qty if report.side == "buy" else -report.qty))
+                out.price.append(float(report.price))
+                out.fee.append(report.fee)
+                self._count("fills")
+            elif isinstance(report, Cancelled | Reject):
+                self.orders.apply(report)
+                self.ledger.update_order(
+                    report.client_order_id,
+                    "cancelled" if isinstance(report, Cancelled) else "rejected",
+                    ts_ns=report.ts_ns,
+                    reason=getattr(report, "reason", None),
+                )
+                self._count("cancelled" if isinstance(report, Cancelled) else "rejected")
+            else:
+                self.orders.apply(report)
+
+    def _decide(self, frame: BarFrame, now_ns: int, t0: int) -> None:
+        """Decide every bar of ``frame`` (several when a gap closed empty bars); only the last
+        one may send an order, as in the daemon."""
+        iid = frame.instrument_id
+        i = self.slot[iid]
+        self.run.frames[frame.symbol].append(frame)
+        n = len(self.specs)
+        for r in range(len(frame)):
+            tradable = bool(frame.tradable[r])
+            logret = np.full(n, np.nan)
+            if tradable:
+                logret[i] = float(frame.features[r, _LOGRET])
+                self.marks[iid] = float(frame.mid_price[r]) * PRICE_SCALE
+            scale = self.regime.update(logret)
+            pos = self.portfolio.position(iid)
+            positions = np.asarray([pos], dtype=np.int64)
+            rows = model_inputs(
+                frame.features[r : r + 1],
+                positions=positions,
+                entry_px=np.asarray([self.portfolio.avg_price(iid)]),
+                mid_px=np.asarray([float(frame.mid_price[r]) * PRICE_SCALE]),
+                tick_px=self.tick_px[i : i + 1],
+                reward_scale=self.config.train.reward_scale,
+            )
+            decided = self.decider.decide(
+                np.asarray([i], dtype=np.int64), rows, positions, scale[i : i + 1], np.asarray([tradable])
+            )
+            bar = self.bars_seen[i]
+            self.bars_seen[i] += 1
+            self.run.log.add(
+                ts_ns=frame.ts_close[r], instrument=i, bar=bar, decided=decided, regime=scale[i], position=pos
+            )
+            if r == len(frame) - 1 and bool(decided.valid[0]):
+                self._order(iid, i, bar, int(decided.target[0]), now_ns)
+                self.run.latency_ns.append(time.perf_counter_ns() - t0)
+        self._check_risk(now_ns)
+
+    def _order(self, iid: int, i: int, bar: int, target: int, now_ns: int) -> None:
+        if self.halted:
+            return
+        delta = self.risk.clamp(target) - (self.portfolio.position(iid) + self.orders.working(iid))
+        if delta == 0:
+            return
+        if not self.risk.order_allowed(now_ns / 1e9):
+            return
+        self._send(iid, i, bar, delta, now_ns)
+
+    def _send(self, iid: int, i: int, bar: int, delta: int, now_ns: int) -> None:
+        order = self.orders.new(iid, "buy" if delta > 0 else "sell", abs(delta), ts_ns=now_ns)
+        self.ledger.record_orders([_ledger_order(order, self.session_id)])
+        self.order_bar[order.client_order_id] = (i, bar)
+        self.risk.order_sent(now_ns / 1e9)
+        self._count("orders")
+        reports = self.broker.submit(order)
+        if reports:
+            self._reports(reports)
+
+    def _check_risk(self, now_ns: int) -> None:
+        equity = self.portfolio.realised() + self.portfolio.unrealised(self.marks)
+        breach = None if self.halted else self.risk.breach(equity, now_ns)
+        if breach:
+            self.halted = True
+            self.run.halt_reason = breach
+            self._count("risk_halts")
+        if self.halted and not self.orders.open_orders():
+            for iid, qty in self.portfolio.positions().items():
+                if qty:
+                    self._send(iid, self.slot[iid], max(self.bars_seen[self.slot[iid]] - 1, 0), -qty, now_ns)
+
+    def _settle(self) -> None:
+        """End of data: orders still waiting for a later record are executed against the last
+        book (the feed clock moves past their arrival) or closed."""
+        reports = self.broker.advance(2**62)
+        if reports:
+            self._reports(reports)
+
+    def _ledger_pnl(self) -> float:
+        state = self.ledger.rebuild(ACCOUNT)
+        total = 0.0
+        for spec in self.specs:
+            pos = state.positions.get(spec.instrument_id)
+            if pos is None:
+                continue
+            per_point = spec.tick_value / spec.tick_size
+            mark = self.marks.get(spec.instrument_id, pos.avg_price * PRICE_SCALE) / PRICE_SCALE
+            total += (pos.realized_points + pos.qty * (mark - pos.avg_price)) * per_point - pos.fees
+        return total
+
+
+def _ledger_order(order: NewOrder, session_id: int) -> LedgerOrder:
+    return LedgerOrder(
+        client_order_id=order.client_order_id,
+        instrument_id=order.instrument_id,
+        side=order.side,
+        qty=order.qty,
+        ts_ns=order.ts_ns,
+        order_type=order.order_type,
+        limit_price=order.limit_price,
+        account=ACCOUNT,
+        session_id=session_id,
+    )
+
+
+def run_event(driver: EventDriver, path: str | Path, start_ns: int, end_ns: int) -> EventRun:
+    """:meth:`EventDriver.replay` on a fresh event loop."""
+    return asyncio.run(driver.replay(path, start_ns, end_ns))

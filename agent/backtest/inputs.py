@@ -1,0 +1,191 @@
+"""What a backtest reads: the recorded days in a date range and the checkpoint to trade.
+
+* :func:`select_days` picks the daily DBN files of an archive directory (or one file) whose data
+  overlaps ``[date_from, date_to]`` (UTC dates, both inclusive) and returns their time window.
+* :func:`resolve_checkpoint` finds a checkpoint by ``promoted`` (the registry's promoted model for
+  the configured instrument set), by sha256 (or a unique prefix of at least 8 hex digits) in the
+  content-addressed store, or by a file path; it is verified (hash, fingerprint) on load and
+  checked against the features the data produces (:func:`check_compatible`).
+
+Every failure is a :class:`~agent.backtest.errors.BacktestError` (or the feeds/storage error of
+the layer that found it) with a message naming the input; nothing is written before these checks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.backtest.errors import BacktestError
+from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes
+from agent.model.errors import ModelError
+from agent.train.env import AGENT_FEATURES
+from agent.train.floors import VOL_REF_FLOOR
+from feeds.config import FeedsConfig
+from feeds.dbn import DBNInfo, dbn_files, read_metadata
+from feeds.errors import FeedError
+from feeds.features import FEATURE_NAMES
+from storage.checkpoints import CheckpointStore
+from storage.config import StorageConfig
+from storage.errors import StorageError
+from storage.floors import LearnedFloors
+from storage.records import instrument_set_key
+from storage.registry import ModelRegistry
+from storage.schema import open_database
+
+__all__ = [
+    "DaySelection",
+    "ResolvedCheckpoint",
+    "check_compatible",
+    "parse_date",
+    "resolve_checkpoint",
+    "select_days",
+]
+
+_NS_PER_DAY = 86_400_000_000_000
+_HEX = re.compile(r"^[0-9a-fA-F]{8,64}$")
+
+
+@dataclass(frozen=True)
+class DaySelection:
+    """The archive files a backtest replays and its time window ``[start_ns, end_ns)`` (UTC)."""
+
+    files: tuple[Path, ...]
+    start_ns: int
+    end_ns: int
+    first_day: dt.date
+    last_day: dt.date
+
+
+def parse_date(text: str, option: str) -> dt.date:
+    """``YYYY-MM-DD`` -> date, or a :class:`BacktestError` naming ``option``."""
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise BacktestError(f"{option} {text!r}: expected a date as YYYY-MM-DD") from None
+
+
+def _day(ns: int) -> dt.date:
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).date()
+
+
+def _day_ns(day: dt.date) -> int:
+    return (day - dt.date(1970, 1, 1)).days * _NS_PER_DAY
+
+
+def _data_days(info: DBNInfo) -> tuple[dt.date, dt.date]:
+    last_ns = info.end_ns - 1 if info.end_ns is not None and info.end_ns > info.start_ns else info.start_ns
+    return _day(info.start_ns), _day(last_ns)
+
+
+def select_days(path: str | Path, date_from: dt.date | None, date_to: dt.date | None) -> DaySelection:
+    """The DBN files under ``path`` with data on ``[date_from, date_to]`` (None = open end).
+
+    Raises :class:`BacktestError` for a missing path, a directory without DBN files, an inverted
+    range, or a range that holds no data (the message gives the range the data covers).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise BacktestError(f"--data {p}: no such file or directory")
+    if date_from is not None and date_to is not None and date_from > date_to:
+        raise BacktestError(f"--from {date_from} is after --to {date_to}")
+    try:
+        infos = [read_metadata(file) for file in dbn_files(p)]
+    except FeedError as exc:
+        raise BacktestError(f"--data {p}: {exc}") from None
+    spans = [(info, *_data_days(info)) for info in infos]
+    lo = min(first for _, first, _ in spans)
+    hi = max(last for _, _, last in spans)
+    want_lo = date_from or lo
+    want_hi = date_to or hi
+    chosen = [info for info, first, last in spans if last >= want_lo and first <= want_hi]
+    if not chosen:
+        raise BacktestError(f"no data between {want_lo} and {want_hi}: {p} covers {lo} .. {hi} (UTC dates)")
+    first = max(want_lo, min(_data_days(i)[0] for i in chosen))
+    last = min(want_hi, max(_data_days(i)[1] for i in chosen))
+    return DaySelection(
+        files=tuple(sorted((i.path for i in chosen), key=lambda q: (q.name, str(q)))),
+        start_ns=_day_ns(first),
+        end_ns=_day_ns(last + dt.timedelta(days=1)),
+        first_day=first,
+        last_day=last,
+    )
+
+
+@dataclass(frozen=True)
+class ResolvedCheckpoint:
+    """A verified checkpoint and the learned regime floors (instrument id -> floor) that the
+    daemon would trade it with (from the same database; empty for a checkpoint file)."""
+
+    checkpoint: Checkpoint
+    floors: dict[int, float]
+
+
+def resolve_checkpoint(
+    spec: str, feeds: FeedsConfig, storage: StorageConfig, data_dir: str
+) -> ResolvedCheckpoint:
+    """Load the checkpoint named by ``spec``: ``promoted``, a sha256 (or unique prefix) in the
+    store of ``data_dir``, or a path to a checkpoint file. Verified on load."""
+    path = Path(spec)
+    if spec != "promoted" and path.is_file():
+        try:
+            return ResolvedCheckpoint(checkpoint_from_bytes(path.read_bytes()), {})
+        except ModelError as exc:
+            raise BacktestError(f"--checkpoint {spec}: not a valid checkpoint: {exc}") from None
+        except OSError as exc:
+            raise BacktestError(f"--checkpoint {spec}: cannot read it: {exc}") from None
+    if spec != "promoted" and not _HEX.match(spec):
+        raise BacktestError(
+            f"--checkpoint {spec}: no such file, and not 'promoted' or a sha256 (8 to 64 hex digits)"
+        )
+    store = CheckpointStore.for_data_dir(data_dir)
+    database = open_database(storage, data_dir)
+    try:
+        floors = {iid: v.value for (iid, _), v in LearnedFloors(database).all(VOL_REF_FLOOR).items()}
+        record = None
+        if spec == "promoted":
+            key = instrument_set_key([s.symbol for s in feeds.instruments])
+            record = ModelRegistry(database).current_promoted(key)
+    finally:
+        database.close()
+    if spec == "promoted":
+        if record is None:
+            raise BacktestError(
+                f"--checkpoint promoted: no promoted checkpoint for {key} in {data_dir} "
+                "(train one with `tradeagent train --promote`, or pass a sha256 or a file)"
+            )
+        sha = record.sha256
+    else:
+        matches = [h for h in store.hashes() if h.startswith(spec.lower())]
+        if len(matches) != 1:
+            found = "no checkpoint" if not matches else f"{len(matches)} checkpoints"
+            raise BacktestError(f"--checkpoint {spec}: {found} in {store.root} start with it")
+        sha = matches[0]
+    try:
+        return ResolvedCheckpoint(checkpoint_from_bytes(store.get(sha), expected_sha256=sha), floors)
+    except (ModelError, StorageError) as exc:
+        raise BacktestError(f"--checkpoint {spec}: {exc}") from None
+
+
+def check_compatible(checkpoint: Checkpoint) -> None:
+    """Raise :class:`BacktestError` unless the checkpoint reads the features this code builds
+    (market features plus the agent's two), in the same order."""
+    expected = (*FEATURE_NAMES, *AGENT_FEATURES)
+    names = tuple(checkpoint.feature_names)
+    if names != expected:
+        missing = [n for n in expected if n not in names]
+        extra = [n for n in names if n not in expected]
+        detail = (
+            f"missing {missing[:4]}, unknown {extra[:4]}" if missing or extra else "same names, other order"
+        )
+        raise BacktestError(
+            f"checkpoint {checkpoint.sha256[:12]} was trained on {len(names)} features that do not match "
+            f"the {len(expected)} this data gives ({detail})"
+        )
+    if checkpoint.config.n_features != len(expected):
+        raise BacktestError(
+            f"checkpoint {checkpoint.sha256[:12]} expects {checkpoint.config.n_features} inputs per bar, "
+            f"the data gives {len(expected)}"
+        )

@@ -1,0 +1,343 @@
+"""``run_backtest``: resolve the inputs, run a driver and the baselines, and book the results.
+
+Both modes report from the same books (:func:`agent.backtest.kernel.bar_pnl` over the fills,
+marked at the bar-close mids) and the trainer's metrics (:func:`agent.train.metrics.performance`:
+Sharpe annualised for the real bar cadence, Sortino, drawdown, turnover, hit rate, costs). The
+baselines (flat, random, always long) run through the vectorised driver on the same bars with the
+same costs. Nothing is written here: :mod:`agent.backtest.output` writes the files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from agent.backtest.errors import BacktestError
+from agent.backtest.event import EventDriver
+from agent.backtest.fast import BarSet, FillList, load_bars, marks_of, regime_path, run_fast
+from agent.backtest.inputs import check_compatible, resolve_checkpoint, select_days
+from agent.backtest.kernel import BarPnl, BaselineDecider, DecisionLog, ModelDecider, bar_pnl
+from agent.config import Config
+from agent.model.checkpoint import Checkpoint
+from agent.policy.regime import RegimeTracker
+from agent.train.baselines import BASELINES
+from agent.train.metrics import NS_PER_DAY, Performance, performance
+from agent.train.run import Progress
+from feeds.config import InstrumentSpec
+from feeds.dbn import dbn_files, read_metadata
+from feeds.errors import UnknownInstrument
+from feeds.features import BarFrame
+from storage.config import StorageConfig
+from storage.schema import open_database
+
+__all__ = ["BacktestRequest", "BacktestResult", "BacktestSummary", "Books", "run_backtest"]
+
+FAST_CHUNKS = 64
+"""Spans per instrument stepped in lockstep by the vectorised driver (``--chunks``)."""
+
+
+@dataclass(frozen=True)
+class BacktestRequest:
+    """What ``tradeagent backtest`` asks for."""
+
+    data: Path
+    checkpoint: str
+    """``promoted``, a sha256 (prefix) in the configured store, or a checkpoint file."""
+    date_from: dt.date | None = None
+    date_to: dt.date | None = None
+    fast: bool = False
+    chunks: int = FAST_CHUNKS
+    """Vectorised driver only: spans per instrument in lockstep (1 = exact event-driven parity)."""
+
+
+class BacktestSummary(msgspec.Struct, kw_only=True):
+    """The JSON summary of a backtest (currency figures in the account currency)."""
+
+    mode: str
+    """``event`` (the daemon's pipeline) or ``fast`` (the vectorised driver)."""
+    checkpoint_sha256: str
+    data: str
+    first_day: str
+    last_day: str
+    instruments: list[str]
+    records: int
+    bars: int
+    decisions: int
+    orders: int
+    fills: int
+    performance: Performance
+    """After costs, over all instruments (P&L summed per bar)."""
+    per_instrument: dict[str, Performance]
+    per_day: dict[str, float]
+    """Net P&L per UTC day."""
+    baselines: dict[str, Performance]
+    action_mix: dict[str, float]
+    """Share of valid decisions per action (short, flat, long)."""
+    latency_us: dict[str, float]
+    """Decision latency: p50, p90, p99, max (microseconds; per decision row in ``fast`` mode,
+    amortised over its batch)."""
+    ledger_pnl: float | None
+    """Event mode: P&L rebuilt from the SQL ledger's fills (equals ``performance.pnl``)."""
+    health: dict[str, int]
+    halt_reason: str
+    wall_s: float
+    records_per_s: float
+
+
+@dataclass(frozen=True)
+class Books:
+    """Per-bar books of one policy over every instrument, for metrics and plots."""
+
+    ts_ns: np.ndarray[Any, Any]
+    instrument: np.ndarray[Any, Any]
+    pnl: np.ndarray[Any, Any]
+    cost: np.ndarray[Any, Any]
+    traded: np.ndarray[Any, Any]
+    held: np.ndarray[Any, Any]
+    position: np.ndarray[Any, Any]
+
+    def performance(self, bucket_s: float, mask: np.ndarray[Any, Any] | None = None) -> Performance:
+        m = slice(None) if mask is None else mask
+        return performance(
+            self.pnl[m], self.cost[m], self.traded[m], self.held[m], self.ts_ns[m], bucket_s=bucket_s
+        )
+
+    def equity(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """(close time, cumulative P&L) over all instruments in time order."""
+        order = np.argsort(self.ts_ns, kind="stable")
+        return self.ts_ns[order], np.cumsum(self.pnl[order])
+
+
+@dataclass(frozen=True)
+class BacktestResult:
+    summary: BacktestSummary
+    books: Books
+    baselines: dict[str, Books]
+    decisions: dict[str, np.ndarray[Any, Any]]
+    latency_ns: np.ndarray[Any, Any]
+    symbols: tuple[str, ...]
+
+
+def _specs(config: Config, data: Path) -> list[InstrumentSpec]:
+    present: set[str] = set()
+    for file in dbn_files(data):
+        present.update(read_metadata(file).symbols.values())
+    specs = [s for s in config.feeds.instruments if s.symbol in present or not present]
+    if not specs:
+        raise UnknownInstrument(
+            f"{data}: its symbols ({', '.join(sorted(present))}) are not among the configured instruments "
+            f"({', '.join(s.symbol for s in config.feeds.instruments)})"
+        )
+    return specs
+
+
+def _books(specs: list[InstrumentSpec], frames: list[BarFrame], fills: FillList) -> Books:
+    cols: dict[str, list[np.ndarray[Any, Any]]] = {k: [] for k in Books.__dataclass_fields__}
+    f = fills.arrays()
+    for i, (spec, frame) in enumerate(zip(specs, frames, strict=True)):
+        mine = f["instrument"] == i
+        marks = marks_of(frame)
+        books: BarPnl = bar_pnl(
+            spec,
+            np.nan_to_num(marks),
+            fill_bar=f["bar"][mine],
+            fill_qty=f["qty"][mine],
+            fill_px=f["price"][mine],
+            fill_fee=f["fee"][mine],
+        )
+        cols["ts_ns"].append(frame.ts_close.astype(np.int64))
+        cols["instrument"].append(np.full(len(frame), i, dtype=np.int64))
+        for name in ("pnl", "cost", "traded", "held", "position"):
+            cols[name].append(getattr(books, name))
+    return Books(**{k: np.concatenate(v) for k, v in cols.items()})
+
+
+def _baseline(
+    name: str, bars: BarSet, specs: list[InstrumentSpec], config: Config, regimes: list[Any]
+) -> Books:
+    chunks = FAST_CHUNKS
+    decider = BaselineDecider(name, len(specs) * chunks, config.policy.max_contracts, config.seed)
+    _, fills, _ = run_fast(bars, specs, config, decider, regimes, chunks=chunks)
+    return _books(specs, [bars.frames[s.symbol] for s in specs], fills)
+
+
+def _latency(values_ns: np.ndarray[Any, Any]) -> dict[str, float]:
+    if values_ns.size == 0:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
+    us = values_ns / 1e3
+    p50, p90, p99 = np.percentile(us, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(us.max())}
+
+
+def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -> BacktestResult:
+    """Run the backtest described by ``request``; raise :class:`BacktestError` (or the feeds /
+    storage errors) for bad input before any work is done."""
+    wall0 = time.perf_counter()
+    selection = select_days(request.data, request.date_from, request.date_to)
+    resolved = resolve_checkpoint(request.checkpoint, config.feeds, config.storage, config.data_dir)
+    checkpoint = resolved.checkpoint
+    check_compatible(checkpoint)
+    specs = _specs(config, request.data)
+    floors = [resolved.floors.get(s.instrument_id, 0.0) for s in specs]
+    progress.start("bars", 1)
+    bars = load_bars(request.data, specs, config, start_ns=selection.start_ns, end_ns=selection.end_ns)
+    progress.advance("bars")
+    frames = [bars.frames[s.symbol] for s in specs]
+    regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, floors))
+    tick_values = [s.tick_value for s in specs]
+    n_records = int(bars.records.shape[0])
+    ledger_pnl: float | None = None
+    halt_reason = ""
+    counts: dict[str, int] = {}
+    if request.fast:
+        chunks = max(1, request.chunks)
+        decider = ModelDecider(
+            checkpoint,
+            config.policy,
+            [v for v in tick_values for _ in range(chunks)],
+            config.device,
+            max_batch=len(specs) * chunks,
+        )
+        progress.start("fast", 100)
+        done = [0]
+
+        def step(k: int, total: int) -> None:
+            pct = k * 100 // total
+            if pct > done[0]:
+                progress.advance("fast", pct - done[0])
+                done[0] = pct
+
+        try:
+            log, fills, per_row_s = run_fast(
+                bars, specs, config, decider, regimes, chunks=chunks, on_step=step
+            )
+        finally:
+            decider.close()
+        latency_ns = np.full(1, per_row_s * 1e9)
+        counts = {"orders": len(fills.bar), "fills": len(fills.bar)}
+    else:
+        log, fills, latency_ns, ledger_pnl, halt_reason, counts, frames = _event(
+            config,
+            request,
+            specs,
+            checkpoint=checkpoint,
+            floors=floors,
+            start_ns=selection.start_ns,
+            end_ns=selection.end_ns,
+            n_records=n_records,
+            progress=progress,
+        )
+    books = _books(specs, frames, fills)
+    progress.start("baselines", len(BASELINES))
+    base: dict[str, Books] = {}
+    for name in BASELINES:
+        base[name] = _baseline(name, bars, specs, config, regimes)
+        progress.advance("baselines")
+    decisions = log.arrays()
+    bucket = config.train.sharpe_bucket_s
+    valid = decisions["valid"].astype(bool) if decisions["valid"].size else np.zeros(0, bool)
+    acts = decisions["action"][valid].astype(np.int64)
+    mix = np.bincount(acts, minlength=3) / max(acts.size, 1)
+    day_keys = books.ts_ns // NS_PER_DAY
+    per_day = {
+        str(dt.date(1970, 1, 1) + dt.timedelta(days=int(d))): float(books.pnl[day_keys == d].sum())
+        for d in np.unique(day_keys)
+    }
+    wall = time.perf_counter() - wall0
+    summary = BacktestSummary(
+        mode="fast" if request.fast else "event",
+        checkpoint_sha256=checkpoint.sha256,
+        data=str(request.data),
+        first_day=str(selection.first_day),
+        last_day=str(selection.last_day),
+        instruments=[s.symbol for s in specs],
+        records=n_records,
+        bars=int(sum(len(f) for f in frames)),
+        decisions=int(valid.sum()),
+        orders=int(counts.get("orders", 0)),
+        fills=len(fills.bar),
+        performance=books.performance(bucket),
+        per_instrument={
+            s.symbol: books.performance(bucket, books.instrument == i) for i, s in enumerate(specs)
+        },
+        per_day=per_day,
+        baselines={k: v.performance(bucket) for k, v in base.items()},
+        action_mix={"short": float(mix[0]), "flat": float(mix[1]), "long": float(mix[2])},
+        latency_us=_latency(np.asarray(latency_ns, dtype=np.float64)),
+        ledger_pnl=ledger_pnl,
+        health={
+            "episodes": int(sum(bars.health_episodes.values())),
+            "rejected_records": bars.rejected_records,
+            "untradable_bars": int(sum(int((~f.tradable).sum()) for f in frames)),
+            **{k: v for k, v in counts.items() if k not in ("orders", "fills")},
+        },
+        halt_reason=halt_reason,
+        wall_s=wall,
+        records_per_s=n_records / wall if wall > 0 else 0.0,
+    )
+    return BacktestResult(
+        summary=summary,
+        books=books,
+        baselines=base,
+        decisions=decisions,
+        latency_ns=np.asarray(latency_ns, dtype=np.float64),
+        symbols=tuple(s.symbol for s in specs),
+    )
+
+
+def _event(
+    config: Config,
+    request: BacktestRequest,
+    specs: list[InstrumentSpec],
+    *,
+    checkpoint: Checkpoint,
+    floors: list[float],
+    start_ns: int,
+    end_ns: int,
+    n_records: int,
+    progress: Progress,
+) -> tuple[DecisionLog, FillList, np.ndarray[Any, Any], float, str, dict[str, int], list[BarFrame]]:
+    """The event-driven run with its throwaway SQLite ledger (deleted afterwards)."""
+    decider = ModelDecider(
+        checkpoint, config.policy, [s.tick_value for s in specs], config.device, max_batch=len(specs)
+    )
+    scratch = Path(tempfile.mkdtemp(prefix="tradeagent-backtest-"))
+    progress.start("replay", n_records)
+    try:
+        database = open_database(StorageConfig(sqlite_synchronous="normal"), scratch)
+        try:
+            driver = EventDriver(
+                config, specs, decider, database, floors, on_records=lambda n: progress.advance("replay", n)
+            )
+            run = asyncio.run(driver.replay(request.data, start_ns, end_ns))
+        finally:
+            database.close()
+    finally:
+        decider.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    frames = [
+        BarFrame.concat(run.frames[s.symbol])
+        if run.frames[s.symbol]
+        else BarFrame.empty(s.instrument_id, s.symbol)
+        for s in specs
+    ]
+    if not any(len(f) for f in frames):
+        raise BacktestError(f"{request.data}: the replay closed no bar in the selected dates")
+    return (
+        run.log,
+        run.fills,
+        np.asarray(run.latency_ns, dtype=np.float64),
+        run.ledger_pnl,
+        run.halt_reason,
+        {"orders": run.counts.get("orders", 0), **run.counts},
+        frames,
+    )
