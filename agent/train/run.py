@@ -338,6 +338,7 @@ class _Run:
             train_parts = [(self.bars[sym], a, e) for sym, (a, e, _, _) in per.items()]
             test_parts = [(self.bars[sym], st, t) for sym, (_, _, st, t) in per.items()]
             norm = fit_norm(train_parts)
+            self.norm = norm  # the candidate's normalisation: that of the last fold trained
             data = build_env_data(
                 train_parts,
                 norm,
@@ -345,6 +346,12 @@ class _Run:
                 horizon=self.model_cfg.return_horizon,
                 session_gap_s=cfg.session_gap_s,
                 xp=self.xp,
+            )
+            log.info(
+                "fold %d: training on %d decision bars, testing on %d instrument(s)",
+                index,
+                int(data.starts.shape[0]),
+                len(test_parts),
             )
             result = train_fold(
                 self.learner,
@@ -367,7 +374,6 @@ class _Run:
                 return
             stats = probe_stats(self.learner, data, make_probe(data, cfg.probe_size))
             self.final_probe = (stats.q_spread, stats.entropy)
-            self.norm = norm
             self._test_fold(index, edges, norm, test_parts)
 
     def _test_fold(
@@ -576,22 +582,26 @@ class _Run:
             )
             sha = store.put(blob)
             s.candidate_sha256 = sha
-            registry.register_candidate(
-                sha256=sha,
-                instrument_set=s.instrument_set,
-                layout_fingerprint=layout_fingerprint(param_shapes(self.model_cfg)),
-                path=str(store.path(sha)),
-                metrics=_candidate_metrics(s),
-                run_id=run_id,
-            )
-            if not decision.passed:
-                registry.reject(sha, reason=decision.message)
-                s.candidate_status = "rejected"
-            elif self.request.promote:
-                registry.promote(sha, by=f"train run {run_id}")
-                s.candidate_status, s.promoted = "promoted", True
+            if sha == s.incumbent_sha256:
+                # Byte-identical to the promoted model (same data, seed and code): nothing to decide.
+                s.candidate_status = "incumbent"
             else:
-                s.candidate_status = "candidate"
+                registry.register_candidate(
+                    sha256=sha,
+                    instrument_set=s.instrument_set,
+                    layout_fingerprint=layout_fingerprint(param_shapes(self.model_cfg)),
+                    path=str(store.path(sha)),
+                    metrics=_candidate_metrics(s),
+                    run_id=run_id,
+                )
+                if not decision.passed:
+                    registry.reject(sha, reason=decision.message)
+                    s.candidate_status = "rejected"
+                elif self.request.promote:
+                    registry.promote(sha, by=f"train run {run_id}")
+                    s.candidate_status, s.promoted = "promoted", True
+                else:
+                    s.candidate_status = "candidate"
         self._update_floors(floors_repo, current, run_id)
         registry.finish_run(
             run_id, status="halted" if s.halted else "succeeded", summary=_candidate_metrics(s)
