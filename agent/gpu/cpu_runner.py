@@ -103,7 +103,7 @@ class CpuRunner:
             ret_mean=r_mean.astype(np.float32),
             ret_var=r_var.astype(np.float32),
             f_star=sizing.f_star,
-            size=sizing.size,
+            size=np.where(batch.tradable, sizing.size, 0.0),
         )
 
     def release(self) -> None:

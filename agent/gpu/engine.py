@@ -197,7 +197,9 @@ class InferenceEngine:
             healthy: (B,) or scalar book health; an unhealthy row is neither pushed nor traded.
 
         Raises:
-            InferenceError: malformed inputs or a failure of the compute path.
+            InferenceError: malformed inputs (nothing changed), or a failure of the compute path:
+                then the windows may be out of step with the engine's counters, so the caller
+                stops new orders and builds a new engine before trading again.
         """
         with self._lock:
             batch = self._batch(slots, features, positions, regime_scale, healthy)
@@ -219,7 +221,7 @@ class InferenceEngine:
                 ret_mean_ticks=raw.ret_mean,
                 ret_var_ticks=raw.ret_var,
                 kelly_f=raw.f_star,
-                size=np.where(valid, raw.size, 0.0),
+                size=raw.size,
                 regime_scale=scale,
                 step=batch.steps,
                 model_sha256=self._sha,

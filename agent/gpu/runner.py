@@ -36,7 +36,7 @@ class RawDecision:
     ret_mean: npt.NDArray[np.float32]
     ret_var: npt.NDArray[np.float32]
     f_star: npt.NDArray[np.float64]
-    size: npt.NDArray[np.float64]
+    size: npt.NDArray[np.float64]  # 0 where the row is not tradable
 
 
 class Runner(Protocol):

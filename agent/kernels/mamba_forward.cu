@@ -22,12 +22,10 @@
 #endif
 #define MF_WARPS (MF_THREADS / 32)
 
-__device__ __forceinline__ float mf_sigmoid(float x) {
-    const float e = expf(-fabsf(x));
-    return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-}
-
-__device__ __forceinline__ float mf_silu(float x) { return x * mf_sigmoid(x); }
+// SiLU with the hardware exp2 and reciprocal (a few instructions instead of ~30): relative
+// error ~1e-6, far inside the forward's parity tolerance. For x -> -inf, exp(-x) -> inf and
+// the reciprocal -> 0, so the result stays finite (-0).
+__device__ __forceinline__ float mf_silu(float x) { return x * __frcp_rn(1.0f + __expf(-x)); }
 
 __device__ __forceinline__ float mf_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
@@ -211,17 +209,29 @@ mamba_forward_kernel(const float* __restrict__ P, const float* __restrict__ wind
                 float* row = zx + t * MF_IP;
                 const float xv = row[MF_DI + idx];
                 const float dtv = row[MF_DI + MF_CD + h];
-                const float decay = expf(dtv * A);
+                const float decay = __expf(dtv * A);  // dt * A <= 0: decay in (0, 1]
                 const float dx = dtv * xv;
                 const float* Bt = row + 2 * MF_DI + g * MF_N;
                 const float* Ct = row + 2 * MF_DI + MF_G * MF_N + g * MF_N;
-                float y = 0.0f;
+#if MF_N % 4 == 0 && MF_IP % 4 == 0 && MF_DI % 4 == 0
 #pragma unroll
-                for (int n = 0; n < MF_N; ++n) {
-                    state[n] = decay * state[n] + dx * Bt[n];
-                    y += state[n] * Ct[n];
+                for (int n = 0; n < MF_N; n += 4) {  // B_t read as float4 (16-byte aligned rows)
+                    const float4 b4 = *reinterpret_cast<const float4*>(Bt + n);
+                    state[n] = decay * state[n] + dx * b4.x;
+                    state[n + 1] = decay * state[n + 1] + dx * b4.y;
+                    state[n + 2] = decay * state[n + 2] + dx * b4.z;
+                    state[n + 3] = decay * state[n + 3] + dx * b4.w;
                 }
-                if (t >= t_out) row[MF_DI + idx] = y + Dh * xv;
+#else
+#pragma unroll
+                for (int n = 0; n < MF_N; ++n) state[n] = decay * state[n] + dx * Bt[n];
+#endif
+                if (t >= t_out) {
+                    float y = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < MF_N; ++n) y += state[n] * Ct[n];
+                    row[MF_DI + idx] = y + Dh * xv;
+                }
             }
         }
         __syncthreads();

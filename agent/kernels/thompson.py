@@ -17,6 +17,8 @@ from agent.policy.thompson import MAX_ACTIONS, thompson_ref
 __all__ = ["thompson", "thompson_ref"]
 
 _OPTIONS = ("--fmad=false",)
+_WARPS = 4
+"""Rows per thread block (one warp a row)."""
 
 
 def thompson(
@@ -49,8 +51,8 @@ def thompson(
     action = cp.empty(rows, dtype=cp.int32) if action is None else action
     value = cp.empty((rows, n_actions), dtype=cp.float32) if value is None else value
     kernel("thompson.cu", "thompson_kernel", options=_OPTIONS)(
-        ((rows + 127) // 128,),
-        (128,),
+        ((rows + _WARPS - 1) // _WARPS,),
+        (32 * _WARPS,),
         (
             probs,
             support,
@@ -64,5 +66,6 @@ def thompson(
             action,
             value,
         ),
+        shared_mem=_WARPS * n_actions * n_atoms * 4,
     )
     return action, value

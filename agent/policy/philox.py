@@ -48,20 +48,21 @@ def philox4x32(counter: npt.ArrayLike, key: npt.ArrayLike) -> npt.NDArray[np.uin
     k = np.asarray(key, dtype=np.uint64)
     if ctr.shape[-1:] != (4,) or k.shape[-1:] != (2,):
         raise ValueError(f"philox4x32 wants counter (..., 4) and key (..., 2), got {ctr.shape}, {k.shape}")
-    c0, c1, c2, c3 = (ctr[..., i] & _MASK for i in range(4))
-    k0, k1 = k[..., 0] & _MASK, k[..., 1] & _MASK
+    shape = np.broadcast_shapes(ctr.shape[:-1], k.shape[:-1])
+    ctr = np.moveaxis(np.broadcast_to(ctr, (*shape, 4)), -1, 0) & _MASK
+    keys = np.moveaxis(np.broadcast_to(k, (*shape, 2)), -1, 0) & _MASK
+    # Words paired as even = (c0, c2), odd = (c1, c3): one round is five array operations.
+    even, odd = ctr[0::2], ctr[1::2]
+    axes = (1,) * len(shape)
+    mult = np.array([_M0, _M1], dtype=np.uint64).reshape((2, *axes))
+    bump = np.array([_W0, _W1], dtype=np.uint64).reshape((2, *axes))
     for _ in range(_ROUNDS):
-        p0 = _M0 * c0  # both factors < 2**32: the 64-bit product cannot overflow
-        p1 = _M1 * c2
-        c0, c1, c2, c3 = (
-            (p1 >> np.uint64(32)) ^ c1 ^ k0,
-            p1 & _MASK,
-            (p0 >> np.uint64(32)) ^ c3 ^ k1,
-            p0 & _MASK,
-        )
-        k0 = (k0 + _W0) & _MASK
-        k1 = (k1 + _W1) & _MASK
-    return np.stack(np.broadcast_arrays(c0, c1, c2, c3), axis=-1).astype(np.uint32)
+        p = mult * even  # both factors < 2**32: the 64-bit product cannot overflow
+        lo = p & _MASK
+        even = (p >> np.uint64(32))[::-1] ^ odd ^ keys  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1)
+        odd = lo[::-1]  # (lo1, lo0)
+        keys = (keys + bump) & _MASK
+    return np.stack([even[0], odd[0], even[1], odd[1]], axis=-1).astype(np.uint32)
 
 
 def philox_uniforms(
