@@ -25,6 +25,7 @@ __all__ = ["main"]
 COMMANDS: tuple[str, ...] = (
     "demo",
     "synth",
+    "backtest",
     "bench",
     "db",
     "relay",

@@ -1,0 +1,121 @@
+"""``tradeagent backtest``: replay recorded days through the daemon's pipeline (or the vectorised
+driver with ``--fast``), then write an HTML report and a JSON summary.
+
+Inputs are checked before any work: a missing or empty data directory, dates outside the data,
+a checkpoint that does not exist or does not match the data's features end with a clear error
+and exit code 2, and nothing is written. Outputs are written tmp-then-rename. Progress bars go to
+stderr; with ``--json`` stdout carries exactly the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+from types import TracebackType
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from agent.backtest.inputs import parse_date
+from agent.backtest.run import FAST_CHUNKS, BacktestRequest, run_backtest
+from agent.config import load_config
+from agent.errors import CommandError
+from agent.reports.backtest import write_backtest
+
+__all__ = ["RichProgress", "register"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("backtest", help="replay recorded days through the pipeline; report")
+    parser.add_argument("--data", required=True, metavar="DIR", help="DBN file or directory of daily files")
+    parser.add_argument(
+        "--checkpoint",
+        default="promoted",
+        metavar="promoted|SHA256|PATH",
+        help="the model to trade (default: the promoted one for the configured instruments)",
+    )
+    parser.add_argument("--from", dest="date_from", metavar="YYYY-MM-DD", help="first day (UTC, inclusive)")
+    parser.add_argument("--to", dest="date_to", metavar="YYYY-MM-DD", help="last day (UTC, inclusive)")
+    parser.add_argument(
+        "--fast", action="store_true", help="vectorised driver instead of the daemon pipeline"
+    )
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        default=FAST_CHUNKS,
+        metavar="N",
+        help=f"--fast: spans per instrument in lockstep (default {FAST_CHUNKS}; 1 = exact event parity)",
+    )
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="override the configured device")
+    parser.add_argument(
+        "--out", metavar="DIR", help="output directory (default: <data_dir>/reports/backtest-*)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
+    parser.set_defaults(func=_run)
+
+
+class RichProgress:
+    """Rich progress bars on stderr, one per named phase (the runners' ``Progress`` protocol)."""
+
+    def __init__(self, console: Console) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description:<10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self._tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> RichProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._progress.stop()
+
+    def start(self, name: str, total: int) -> None:
+        self._tasks[name] = self._progress.add_task(name, total=total)
+
+    def advance(self, name: str, amount: int = 1) -> None:
+        self._progress.advance(self._tasks[name], amount)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.device:
+        config = msgspec.structs.replace(config, device=args.device)
+    if args.chunks < 1:
+        raise CommandError(f"--chunks must be >= 1, got {args.chunks}")
+    request = BacktestRequest(
+        data=Path(args.data),
+        checkpoint=args.checkpoint,
+        date_from=parse_date(args.date_from, "--from") if args.date_from else None,
+        date_to=parse_date(args.date_to, "--to") if args.date_to else None,
+        fast=args.fast,
+        chunks=args.chunks,
+    )
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out) if args.out else Path(config.data_dir) / "reports" / f"backtest-{stamp}"
+    console = Console(stderr=True)
+    with RichProgress(console) as progress:
+        result = run_backtest(config, request, progress)
+    report, summary_path = write_backtest(result, out)
+    s = result.summary
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(s).decode() + "\n")
+    else:
+        p = s.performance
+        print(
+            f"{s.mode} backtest {s.first_day} .. {s.last_day}: P&L {p.pnl:,.2f} after costs {p.costs:,.2f}, "
+            f"Sharpe {p.sharpe:.2f}, max drawdown {p.max_drawdown:,.2f}, {s.fills:,} fills"
+        )
+        for name, b in s.baselines.items():
+            print(f"  baseline {name:<6} P&L {b.pnl:>12,.2f}  Sharpe {b.sharpe:6.2f}")
+    console.print(f"report:  {report}\nsummary: {summary_path}")
+    return 0
