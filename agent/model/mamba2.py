@@ -62,9 +62,10 @@ def _chunks(length: int, chunk: int) -> list[tuple[int, int]]:
     return [(t0, min(t0 + chunk, length)) for t0 in range(0, length, chunk)]
 
 
-def _decays(dtc: Array, Ag: Array) -> tuple[Array, Array, Array, Array]:
-    """Chunk decays from dt (.., Q) and A (G, Hg): cum (.., Q), Lam (.., Q, Q), e, w (.., Q).
+def _decays(dtc: Array, Ag: Array) -> tuple[Array, Array, Array]:
+    """Chunk decays from dt (.., Q) and A (G, Hg): Lam (.., Q, Q), e (.., Q), w (.., Q).
 
+    With ``cum_t = sum_{r <= t} dt_r A`` inside the chunk:
     ``Lam[t, s] = exp(cum_t - cum_s)`` for s <= t else 0; ``e_t = exp(cum_t)``; ``w_s =
     exp(cum_{Q-1} - cum_s)``. Every exponent is clipped into [exp_floor, 0] (A < 0, dt > 0
     make them <= 0 where used; the floor avoids subnormal results).
@@ -78,7 +79,7 @@ def _decays(dtc: Array, Ag: Array) -> tuple[Array, Array, Array, Array]:
     lam *= xp.tri(q, dtype=dtc.dtype)
     e = xp.exp(xp.maximum(cum, lo))
     w = xp.exp(xp.maximum(cum[..., -1:] - cum, lo))
-    return cum, lam, e, w
+    return lam, e, w
 
 
 def ssd_chunked(
@@ -99,7 +100,7 @@ def ssd_chunked(
     states: list[Array | None] = [None]
     for c, (t0, t1) in enumerate(spans):
         xc, dtc, Bc, Cc = xh[..., t0:t1, :], dth[..., t0:t1], Bg[..., t0:t1, :], Cg[..., t0:t1, :]
-        _, lam, e, w = _decays(dtc, Ag)
+        lam, e, w = _decays(dtc, Ag)
         U = dtc[..., None] * xc
         y = xp.matmul(xp.matmul(Cc, _t(Bc)) * lam, U)
         hin = states[c]
@@ -145,7 +146,7 @@ def ssd_chunked_backward(
         t0, t1 = spans[c]
         xc, dtc, Bc, Cc = xh[..., t0:t1, :], dth[..., t0:t1], Bg[..., t0:t1, :], Cg[..., t0:t1, :]
         gY = gyh[..., t0:t1, :]
-        _, lam, e, w = _decays(dtc, Ag)
+        lam, e, w = _decays(dtc, Ag)
         U = dtc[..., None] * xc
         CB = xp.matmul(Cc, _t(Bc))
         M = CB * lam
