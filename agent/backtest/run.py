@@ -310,7 +310,10 @@ def _event(
     decider = ModelDecider(
         checkpoint, config.policy, [s.tick_value for s in specs], config.device, max_batch=len(specs)
     )
-    scratch = Path(tempfile.mkdtemp(prefix="tradeagent-backtest-"))
+    # The throwaway ledger lives in memory-backed storage where there is one: its commits are
+    # real transactions, but an fsync there costs nothing (the file is deleted afterwards).
+    shm = Path("/dev/shm")
+    scratch = Path(tempfile.mkdtemp(prefix="tradeagent-backtest-", dir=shm if shm.is_dir() else None))
     progress.start("replay", n_records)
     try:
         database = open_database(StorageConfig(sqlite_synchronous="normal"), scratch)
