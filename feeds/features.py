@@ -613,18 +613,20 @@ small temporaries stay in cache and are reused, and the carry makes the grouping
 
 
 def _compute(
-    records: np.ndarray,
-    positions: np.ndarray | int,
+    source: np.ndarray,
+    positions: np.ndarray | None,
     *,
     spec: InstrumentSpec,
     bars: BarConfig,
     health: HealthConfig,
     monitor: HealthMonitor,
 ) -> BarFrame:
+    """The vectorised path over the instrument's records: ``source`` itself (contiguous) when
+    ``positions`` is ``None``, else ``source[positions]``, gathered one group of bars at a time
+    (a small copy that stays in cache instead of one copy of every record)."""
     stale_ns = _stale_ns(health)
-    clock = (
-        np.maximum.accumulate(records["ts_recv"].astype(np.int64)) if len(records) else np.zeros(0, np.int64)
-    )
+    ts = source["ts_recv"] if positions is None else source["ts_recv"][positions]
+    clock = np.maximum.accumulate(ts.astype(np.int64)) if len(ts) else np.zeros(0, np.int64)
     plan = plan_bars(clock, bars, stale_ns)
     n_bars = plan.ends.shape[0]
     if n_bars == 0:
@@ -638,9 +640,14 @@ def _compute(
         r0 = int(plan.ends[b0 - 1]) if b0 else 0
         r1 = int(plan.ends[b1 - 1])
         part = BarPlan(ends=plan.ends[b0:b1] - r0, close_ts=plan.close_ts[b0:b1])
-        base = positions[r0:r1] if isinstance(positions, np.ndarray) else positions + r0
+        base: np.ndarray | int
+        if positions is None:
+            records, base = source[r0:r1], r0
+        else:
+            base = positions[r0:r1]
+            records = source[base]
         frame, carry = _kernel(
-            records[r0:r1], part, carry, spec=spec, health=health, monitor=monitor, index_base=base
+            records, part, carry, spec=spec, health=health, monitor=monitor, index_base=base
         )
         frames.append(frame)
     return frames[0] if len(frames) == 1 else BarFrame.concat(frames)
@@ -665,9 +672,9 @@ def compute_bars(
     mine = (records["instrument_id"] == instrument.instrument_id) & (records["rtype"] == MBP10_RTYPE)
     if mine.all():
         records = np.ascontiguousarray(records)  # the kernel views records as int64 words
-        return _compute(records, 0, spec=instrument, bars=bars, health=health, monitor=monitor)
+        return _compute(records, None, spec=instrument, bars=bars, health=health, monitor=monitor)
     positions = np.flatnonzero(mine)
-    return _compute(records[positions], positions, spec=instrument, bars=bars, health=health, monitor=monitor)
+    return _compute(records, positions, spec=instrument, bars=bars, health=health, monitor=monitor)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
