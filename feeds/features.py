@@ -71,6 +71,7 @@ from feeds.records import (
 )
 
 __all__ = [
+    "BOOK_INTS",
     "FEATURE_NAMES",
     "BarFrame",
     "FeatureSet",
@@ -78,6 +79,7 @@ __all__ = [
     "IncrementalFeatures",
     "compute_all",
     "compute_bars",
+    "ofi_price_term",
 ]
 
 FEATURE_NAMES: tuple[str, ...] = (
