@@ -108,8 +108,8 @@ class RecorderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """Hour (UTC, 0-23) at which a new daily file starts; the file is named by the day it starts."""
     flush_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     """Written records are flushed to disk (and their messages acknowledged) this often."""
-    fetch_batch: Annotated[int, msgspec.Meta(ge=1)] = 256
-    """NATS messages pulled per fetch."""
+    fetch_batch: Annotated[int, msgspec.Meta(ge=1)] = 64
+    """NATS messages pulled per fetch (each up to ``relay.batch_records`` x 368 bytes)."""
 
 
 class SynthConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -124,8 +124,9 @@ def _incremental(path: Path, feeds: FeedsConfig) -> float:
 
 
 async def _nats(
-    path: Path, feeds: FeedsConfig, server: NatsServer, expected: int, *, with_features: bool, stream: str
+    path: Path, feeds: FeedsConfig, server: NatsServer, expected: int, *, with_features: bool
 ) -> tuple[float, int]:
+    stream = feeds.source.stream
     source = NatsSource(url=server.url, dataset=feeds.source.dataset, stream=stream, stale_after_s=60.0)
     relay = Relay(
         ReplaySource(path),
@@ -175,12 +176,10 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
         try:
             with NatsServer() as server:
                 nats_rate, messages = asyncio.run(
-                    _nats(path, feeds, server, args.records, with_features=True, stream="BENCH_FEATURES")
+                    _nats(path, feeds, server, args.records, with_features=True)
                 )
                 progress.update(task, description="NATS relay end to end, transport only")
-                transport_rate, _ = asyncio.run(
-                    _nats(path, feeds, server, args.records, with_features=False, stream="BENCH_TRANSPORT")
-                )
+                transport_rate, _ = asyncio.run(_nats(path, feeds, server, args.records, with_features=False))
         except NatsServerUnavailable as exc:
             log.warning("bench feed: no NATS figures: %s", exc)
     return {

@@ -218,6 +218,9 @@ class QueuedSource(Source):
         self._wakeup.set()
 
     async def _next(self) -> SourceEvent | None:
+        # Yield to the loop on every call: a consumer that never waits (the queue is full) must
+        # not starve the transport's own tasks (socket reads, pings, the pull loop).
+        await asyncio.sleep(0)
         while not self._items:
             self._wakeup.clear()
             try:

@@ -84,7 +84,7 @@ class NatsSource(QueuedSource):
         stream: str = "MBP10",
         durable: str = "",
         stream_max_age_s: float = 7 * 86400.0,
-        fetch_batch: int = 256,
+        fetch_batch: int = 64,
         max_batches: int = 1024,
         stale_after_s: float = 5.0,
         ack: Literal["receipt", "manual"] = "receipt",
