@@ -39,7 +39,8 @@ def forward(
 
     Returns ``(q_logits (B, A, atoms), ret_logits (B, bins), cache)``; ``chunk`` overrides the
     SSD chunk length (default ``cfg.chunk``). The arrays' dtype and module (NumPy or CuPy) are
-    those of ``params``/``x``.
+    those of ``params``/``x``. ``x`` must be finite and normalised: the feature pipeline keeps
+    unhealthy states away from the model (this hot path does not scan for NaN).
     """
     if x.ndim != 3 or x.shape[1:] != (cfg.window, cfg.n_features):
         raise ModelError(f"model input must be (B, {cfg.window}, {cfg.n_features}), got {tuple(x.shape)}")
