@@ -20,6 +20,7 @@ __all__ = ["BENCHMARKS", "register"]
 
 # name -> one-line help; the code is agent.bench.<name>.run
 BENCHMARKS: dict[str, str] = {
+    "backtest": "records/s of the event-driven and vectorised backtest drivers, peak memory",
     "db": "durable fills/s and promotion transactions/s on SQLite and PostgreSQL",
     "feed": "market-data records/s: vectorised and incremental features, NATS relay end to end",
     "infer": "decision latency/throughput of the inference engine and training-step throughput",

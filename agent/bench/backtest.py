@@ -1,0 +1,158 @@
+"""``tradeagent bench backtest``: records per second of both backtest drivers, and peak memory.
+
+The benchmark file is the one ``tradeagent bench feed`` uses (``--records`` synthetic MBP-10
+records of the configured instruments, cached under ``<data_dir>/bench/``). The model is a
+freshly initialised checkpoint of the configured ``[model]`` (the speed does not depend on the
+weights) served on the configured device, with the configured policy, bars and broker.
+
+``event_records_per_s``
+    the event-driven driver (:mod:`agent.backtest.event`): replay source, incremental
+    book/health/bars/features, one engine decision per bar close, risk, paper broker and the SQL
+    ledger (throwaway SQLite), timed from the first record to the last.
+``fast_records_per_s``
+    the vectorised driver (:mod:`agent.backtest.fast`): read and decode the file, vectorised
+    features, regime path and ``--chunks`` spans per instrument decided in lockstep.
+``peak_rss_mb``
+    the process's peak resident memory after both runs (MiB).
+
+Also reported: ``records``, ``bars``, ``event_records`` (the event driver may be timed on the
+first ``--event-records`` records only, a rate being a rate) and the decisions each made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+
+from agent.backtest.event import EventDriver
+from agent.backtest.fast import load_bars, regime_path, run_fast
+from agent.backtest.kernel import ModelDecider
+from agent.bench.feed import _feed_file
+from agent.config import Config
+from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
+from agent.model.params import init_params
+from agent.policy.regime import RegimeTracker
+from agent.train.env import AGENT_FEATURES
+from feeds.dbn import read_mbp10, write_mbp10
+from feeds.features import FEATURE_NAMES
+from feeds.sources import config_symbols
+from storage.config import StorageConfig
+from storage.schema import open_database
+
+__all__ = ["add_arguments", "run"]
+
+CHUNKS = 64
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--records", type=int, default=1_000_000, help="records in the benchmark file")
+    parser.add_argument(
+        "--event-records",
+        type=int,
+        metavar="N",
+        help="time the event driver on the first N records (default: all)",
+    )
+    parser.add_argument("--chunks", type=int, default=CHUNKS, help="vectorised driver: spans per instrument")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic generator seed")
+
+
+def _checkpoint(config: Config) -> Checkpoint:
+    names = (*FEATURE_NAMES, *AGENT_FEATURES)
+    cfg = config.model.with_features(len(names))
+    blob = checkpoint_to_bytes(
+        init_params(cfg, np.random.default_rng(0)),
+        cfg,
+        feature_names=names,
+        norm_mean=np.zeros(len(names), np.float32),
+        norm_std=np.ones(len(names), np.float32),
+    )
+    return checkpoint_from_bytes(blob)
+
+
+def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tuple[float, int, int]:
+    specs = list(config.feeds.instruments)
+    start = time.perf_counter()
+    bars = load_bars(path, specs, config, start_ns=0, end_ns=2**62)
+    frames = [bars.frames[s.symbol] for s in specs]
+    regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, [0.0] * len(specs)))
+    decider = ModelDecider(
+        checkpoint,
+        config.policy,
+        [s.tick_value for s in specs for _ in range(chunks)],
+        config.device,
+        max_batch=len(specs) * chunks,
+    )
+    try:
+        log, _, _ = run_fast(bars, specs, config, decider, regimes, chunks=chunks)
+    finally:
+        decider.close()
+    elapsed = time.perf_counter() - start
+    return bars.records.shape[0] / elapsed, sum(len(f) for f in frames), int(log.arrays()["ts_ns"].size)
+
+
+def _event(path: Path, config: Config, checkpoint: Checkpoint) -> tuple[float, int, int]:
+    specs = list(config.feeds.instruments)
+    shm = Path("/dev/shm")
+    scratch = Path(tempfile.mkdtemp(prefix="tradeagent-bench-", dir=shm if shm.is_dir() else None))
+    decider = ModelDecider(
+        checkpoint, config.policy, [s.tick_value for s in specs], config.device, len(specs)
+    )
+    try:
+        database = open_database(StorageConfig(sqlite_synchronous="normal"), scratch)
+        try:
+            driver = EventDriver(config, specs, decider, database, [0.0] * len(specs))
+            start = time.perf_counter()
+            run = asyncio.run(driver.replay(path, 0, 2**62))
+            elapsed = time.perf_counter() - start
+        finally:
+            database.close()
+    finally:
+        decider.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return run.records / elapsed, run.records, int(run.log.arrays()["ts_ns"].size)
+
+
+def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
+    console = Console(stderr=True)
+    checkpoint = _checkpoint(config)
+    with Progress(console=console, transient=True) as progress:
+        path = _feed_file(config, args.records, args.seed, progress)
+        task = progress.add_task("vectorised driver", total=None)
+        fast_rate, bars, fast_decisions = _fast(path, config, checkpoint, max(1, args.chunks))
+        event_path = path
+        with tempfile.TemporaryDirectory(prefix="tradeagent-bench-") as tmp:
+            if args.event_records and args.event_records < args.records:
+                data = read_mbp10(path)[: args.event_records]
+                event_path = Path(tmp) / "prefix.dbn"
+                ts = data["ts_recv"]
+                write_mbp10(
+                    event_path,
+                    data,
+                    dataset=config.synth.dataset,
+                    symbols=config_symbols(config.feeds),
+                    start_ns=int(ts[0]),
+                    end_ns=int(ts[-1]) + 1,
+                )
+                del data
+            progress.update(task, description="event-driven driver")
+            event_rate, event_records, event_decisions = _event(event_path, config, checkpoint)
+    return {
+        "records": args.records,
+        "bars": bars,
+        "event_records": event_records,
+        "event_records_per_s": event_rate,
+        "event_decisions": event_decisions,
+        "fast_records_per_s": fast_rate,
+        "fast_decisions": fast_decisions,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }
