@@ -34,6 +34,8 @@ def _targets(next_probs: Array, rewards: Array, discounts: Array, support: Array
         raise ModelError(f"next_probs must be (B, {support.shape[0]}), got {tuple(next_probs.shape)}")
     _check_batch("rewards", rewards, next_probs.shape[0], 1)
     _check_batch("discounts", discounts, next_probs.shape[0], 1)
+    if not bool(xp.isfinite(rewards).all() & ((discounts >= 0) & (discounts <= 1)).all()):
+        raise ModelError("rewards must be finite and discounts (gamma^n * (1 - done)) within [0, 1]")
     shifted = rewards[:, None] + discounts[:, None] * support[None, :]
     return xp.clip(shifted, support[0], support[-1])
 
@@ -46,7 +48,8 @@ def c51_project(next_probs: Array, rewards: Array, discounts: Array, support: Ar
     evenly spaced atoms. Each shifted atom's mass is split between its two neighbouring
     atoms; when it lands exactly on an atom (integer position: rewards on the grid, done
     transitions, rewards clipped at the support's ends) the pair is widened so the mass is
-    not lost, and positions are clamped into [0, N-1] against rounding.
+    not lost, and positions are clamped into [0, N-1] against rounding. Non-finite rewards or
+    discounts outside [0, 1] raise :class:`ModelError`.
     """
     xp = array_module(next_probs, rewards, discounts, support)
     n = support.shape[0]

@@ -118,6 +118,8 @@ def clip_grad_norm(grads: Params, max_norm: float) -> float:
     Returns the norm before clipping. A NaN or infinite norm raises
     :class:`NonFiniteError` and leaves the gradients untouched (the step must be skipped).
     """
+    if not max_norm > 0.0:
+        raise ModelError(f"max_norm must be > 0, got {max_norm}")
     xp = array_module(*grads.values())
     total = math.sqrt(float(sum(xp.square(g).sum(dtype=xp.float64) for g in grads.values())))
     if not math.isfinite(total):

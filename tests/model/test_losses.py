@@ -145,6 +145,11 @@ def test_losses_reject_bad_labels_and_shapes(xp: ModuleType) -> None:
         return_loss_and_grad(xp.zeros((2, 5)), xp.asarray([-1, 0]))
     with pytest.raises(ModelError, match="next_probs"):
         c51_project(xp.zeros((2, 5)), xp.zeros(2), xp.zeros(2), c51_support(CFG, xp))
+    probs = xp.full((2, CFG.n_atoms), 1.0 / CFG.n_atoms)
+    with pytest.raises(ModelError, match="rewards must be finite"):
+        c51_project(probs, xp.asarray([0.0, np.nan]), xp.zeros(2), c51_support(CFG, xp, np.float64))
+    with pytest.raises(ModelError, match="discounts"):
+        c51_project(probs, xp.zeros(2), xp.asarray([0.5, 1.5]), c51_support(CFG, xp, np.float64))
 
 
 def test_return_bins_nearest_centre_with_clamped_tails(xp: ModuleType) -> None:

@@ -98,6 +98,8 @@ def test_clip_grad_norm_rejects_non_finite_gradients(xp: ModuleType) -> None:
     with pytest.raises(NonFiniteError):
         clip_grad_norm(grads, 1.0)
     np.testing.assert_array_equal(to_numpy(grads["b"]), [4.0])
+    with pytest.raises(ModelError, match="max_norm"):
+        clip_grad_norm({"b": xp.asarray([4.0])}, 0.0)
 
 
 def test_tiny_network_overfits_a_fixed_batch(xp: ModuleType) -> None:
