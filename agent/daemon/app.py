@@ -970,6 +970,7 @@ class Daemon:
             "model": self._models.sha256 if self._models is not None else "",
             "positions": self._named_positions(),
             "open_orders": len(self.orders.open_orders()),
+            "open_order_ids": [o.order.client_order_id for o in self.orders.open_orders()],
             "realised_pnl": round(realised, 2),
             "unrealised_pnl": round(self._equity() - realised, 2),
             "healthy": {self.symbols[i]: ok for i, ok in self.healthy.items()},

@@ -29,6 +29,7 @@ class Notifier:
         mine = not pid or pid == str(os.getpid())
         self.watchdog_interval_s: float | None = int(usec) / 2e6 if usec.isdigit() and mine else None
         """Half the watchdog timeout, in seconds, or None when the watchdog is off."""
+        self._last_status = ""
 
     @property
     def enabled(self) -> bool:
@@ -40,16 +41,22 @@ class Notifier:
             return False
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-                sock.sendto("\n".join(fields).encode(), self._address)
+                # Never block the event loop: a full receiver queue drops the message (logged).
+                sock.sendto("\n".join(fields).encode(), socket.MSG_DONTWAIT, self._address)
         except OSError as exc:
             log.warning("sd_notify to %s failed: %s", self._address.lstrip("\0"), exc)
             return False
         return True
 
     def ready(self, status: str) -> bool:
+        self._last_status = status
         return self.notify("READY=1", f"STATUS={status}")
 
     def status(self, status: str) -> bool:
+        """Send ``STATUS=`` when it differs from the last one sent."""
+        if status == self._last_status:
+            return False
+        self._last_status = status
         return self.notify(f"STATUS={status}")
 
     def watchdog(self) -> bool:
