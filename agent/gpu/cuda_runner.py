@@ -36,14 +36,16 @@ from agent.kernels.thompson import thompson
 from agent.kernels.window_push import window_push
 from agent.model.checkpoint import Checkpoint
 from agent.model.config import ModelConfig
-from agent.model.heads import c51_support, return_bin_centres
+from agent.model.heads import ACTIONS, c51_support, return_bin_centres
 from agent.policy.config import PolicyConfig
 
 __all__ = ["CudaRunner", "batch_buckets"]
 
-N_ACTIONS = 3
+N_ACTIONS = len(ACTIONS)
 LATENCY_BUCKET = 64
-"""Buckets up to this size run the fused forward's latency variant (more threads a window)."""
+"""Buckets up to this size run the fused forward's latency variant (more threads a window).
+Measured on the H200: one window 51.6 us with 512 threads vs 53.5 us with 256; 4096 windows
+956 us vs 743 us."""
 LATENCY_THREADS, THROUGHPUT_THREADS = 512, 256
 
 
