@@ -25,6 +25,9 @@ _M1 = np.uint64(0xCD9E8D57)
 _W0 = np.uint64(0x9E3779B9)
 _W1 = np.uint64(0xBB67AE85)
 _ROUNDS = 10
+_SHIFT = np.uint64(32)
+_MULT = np.array([[_M0], [_M1]], dtype=np.uint64)
+_BUMP = np.array([[_W0], [_W1]], dtype=np.uint64)
 
 
 class Purpose(enum.IntEnum):
@@ -32,6 +35,25 @@ class Purpose(enum.IntEnum):
 
     THOMPSON = 1
     """One uniform per action for the Thompson choice (block 0: up to four actions)."""
+
+
+def _rounds(
+    even: npt.NDArray[np.uint64], odd: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64]
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """Ten rounds on words paired as even = (c0, c2), odd = (c1, c3), each (2, n); keys (2, n)
+    or (2, 1). Five array operations a round (plus the key schedule)."""
+    for _ in range(_ROUNDS):
+        p = _MULT * even  # both factors < 2**32: the 64-bit product cannot overflow
+        lo = p & _MASK
+        even = (p >> _SHIFT)[::-1] ^ odd ^ keys  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1)
+        odd = lo[::-1]  # (lo1, lo0)
+        keys = (keys + _BUMP) & _MASK
+    return even, odd
+
+
+def _words(even: npt.NDArray[np.uint64], odd: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """(n, 4) output words (c0, c1, c2, c3) from the paired form."""
+    return np.stack([even[0], odd[0], even[1], odd[1]], axis=-1)
 
 
 def philox4x32(counter: npt.ArrayLike, key: npt.ArrayLike) -> npt.NDArray[np.uint32]:
@@ -49,20 +71,10 @@ def philox4x32(counter: npt.ArrayLike, key: npt.ArrayLike) -> npt.NDArray[np.uin
     if ctr.shape[-1:] != (4,) or k.shape[-1:] != (2,):
         raise ValueError(f"philox4x32 wants counter (..., 4) and key (..., 2), got {ctr.shape}, {k.shape}")
     shape = np.broadcast_shapes(ctr.shape[:-1], k.shape[:-1])
-    ctr = np.moveaxis(np.broadcast_to(ctr, (*shape, 4)), -1, 0) & _MASK
-    keys = np.moveaxis(np.broadcast_to(k, (*shape, 2)), -1, 0) & _MASK
-    # Words paired as even = (c0, c2), odd = (c1, c3): one round is five array operations.
-    even, odd = ctr[0::2], ctr[1::2]
-    axes = (1,) * len(shape)
-    mult = np.array([_M0, _M1], dtype=np.uint64).reshape((2, *axes))
-    bump = np.array([_W0, _W1], dtype=np.uint64).reshape((2, *axes))
-    for _ in range(_ROUNDS):
-        p = mult * even  # both factors < 2**32: the 64-bit product cannot overflow
-        lo = p & _MASK
-        even = (p >> np.uint64(32))[::-1] ^ odd ^ keys  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1)
-        odd = lo[::-1]  # (lo1, lo0)
-        keys = (keys + bump) & _MASK
-    return np.stack([even[0], odd[0], even[1], odd[1]], axis=-1).astype(np.uint32)
+    words = np.broadcast_to(ctr, (*shape, 4)).reshape(-1, 4).T & _MASK
+    keys = np.broadcast_to(k, (*shape, 2)).reshape(-1, 2).T & _MASK
+    even, odd = _rounds(words[0::2], words[1::2], keys)
+    return _words(even, odd).reshape(*shape, 4).astype(np.uint32)
 
 
 def philox_uniforms(
@@ -83,11 +95,13 @@ def philox_uniforms(
     """
     if not 0 <= seed < 2**64 or not 0 <= block < 2**16:
         raise ValueError("seed must be in [0, 2**64) and block in [0, 2**16)")
-    env64, step64 = np.broadcast_arrays(np.asarray(env, dtype=np.uint64), np.asarray(step, dtype=np.uint64))
-    word3 = np.uint64((int(purpose) << 16) | block)
-    counter = np.stack(
-        [step64 & _MASK, step64 >> np.uint64(32), env64 & _MASK, np.full_like(env64, word3)], axis=-1
-    )
-    key = np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint64)
-    bits = philox4x32(counter, key)
-    return ((bits >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)).astype(np.float32)
+    env64 = np.asarray(env, dtype=np.uint64)
+    step64 = np.asarray(step, dtype=np.uint64)
+    shape = np.broadcast_shapes(env64.shape, step64.shape)
+    env64 = np.broadcast_to(env64, shape).ravel() & _MASK
+    step64 = np.broadcast_to(step64, shape).ravel()
+    word3 = np.full_like(env64, (int(purpose) << 16) | block)
+    keys = np.array([[seed & 0xFFFFFFFF], [seed >> 32]], dtype=np.uint64)
+    even, odd = _rounds(np.stack([step64 & _MASK, env64]), np.stack([step64 >> _SHIFT, word3]), keys)
+    bits = _words(even, odd) >> np.uint64(8)  # < 2**24: exact in float32
+    return (bits.astype(np.float32) * np.float32(2.0**-24)).reshape(*shape, 4)
