@@ -1,11 +1,20 @@
-"""``tradeagent demo``: synthesise a small dataset and summarise its causal bar features.
+"""``tradeagent demo``: the whole system on embedded defaults, with nothing to provide.
 
-Writes ``--days`` synthetic MBP-10 daily files for every configured instrument into ``--out``
-(default ``./demo-out``), reads them back with the project's DBN reader, builds bars and features
-per instrument (:func:`feeds.features.compute_bars`) and prints two tables: per feature the mean,
-standard deviation, minimum and maximum over the tradable bars, and per instrument the records,
-bars, tradable share and health episodes. Progress goes to stderr; with ``--json`` stdout carries
-one JSON object with the same figures.
+1. **synthesise** a week (five trading days) of MBP-10 data for the configured instruments with
+   a planted order-flow signal (real ``.dbn.zst`` files, :mod:`feeds.synth`);
+2. **train** walk-forward on all days but the last (a small model and a short schedule: a few
+   minutes on a 2-core CPU, the GPU when present), with the trainer's gates; a candidate that
+   passes them is **promoted** in the SQLite registry;
+3. **backtest** the held-out last day through the daemon's pipeline on a simulated clock
+   (report and JSON summary, next to the flat / random / always-long baselines);
+4. **paper trading**: start a real ``nats-server`` on a free port, start ``tradeagent run`` (paper
+   broker, SQLite ledger, the trained model) on a NATS JetStream feed, and relay the last day onto
+   NATS at ``--pace`` times real time for ``--paper-seconds``; then stop both (SIGTERM: orderly)
+   and print what the daemon did and where the reports, the database and the logs are.
+
+Everything lands under ``--out`` (default ``./demo-out``): ``data/``, ``state/`` (database,
+checkpoints), ``reports/``, ``logs/`` and the daemon's ``paper.toml``. ``--quick`` shrinks every
+step (short sessions, a tiny schedule) for the test suite. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -13,111 +22,347 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from agent.config import load_config
+from agent.backtest.run import BacktestRequest, run_backtest
+from agent.bench.nats_server import NatsServer, NatsServerUnavailable
+from agent.commands.backtest import RichProgress
+from agent.config import Config, load_config
+from agent.control.client import ControlClient
+from agent.control.endpoints import control_endpoint
+from agent.control.errors import ControlError
 from agent.errors import CommandError
-from feeds.dbn import read_mbp10
-from feeds.features import FEATURE_NAMES, compute_bars
-from feeds.health import HealthMonitor
+from agent.reports.backtest import write_backtest
+from agent.reports.page import write_atomic
+from agent.train.report import write_report
+from agent.train.run import TrainRequest, run_training
+from feeds.config import InstrumentSpec
+from feeds.sources import config_symbols
 from feeds.synth import write_synthetic
 
-__all__ = ["register"]
+__all__ = ["demo_config", "register"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("demo", help="synthesise a small dataset and summarise its features")
+    parser = sub.add_parser("demo", help="synthesise, train, promote, backtest and paper-trade, end to end")
     parser.add_argument(
-        "--out", default="demo-out", metavar="DIR", help="output directory (default: ./demo-out)"
+        "--out", default="demo-out", metavar="DIR", help="output directory (default ./demo-out)"
     )
-    parser.add_argument("--days", type=int, default=2, help="trading days to synthesise (default: 2)")
+    parser.add_argument(
+        "--days", type=int, help="trading days to synthesise (default 5; the last is held out)"
+    )
     parser.add_argument("--seed", type=int, help="random seed (default: the configuration's seed)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--paper-seconds", type=float, help="how long the paper daemon trades (default 60)")
+    parser.add_argument("--pace", type=float, help="replay speed of the last day onto NATS (default 60x)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="override the configured device")
+    parser.add_argument("--quick", action="store_true", help="a much smaller run (the test suite uses it)")
     parser.set_defaults(func=_run)
 
 
-def _feature_summary(features: np.ndarray) -> list[dict[str, Any]]:
-    """Mean, std, min, max per feature over the rows of ``features`` (float32 ``(n, F)``)."""
-    data = features.astype(np.float64)
-    empty = data.shape[0] == 0
-    return [
-        {
-            "feature": name,
-            "mean": 0.0 if empty else float(data[:, j].mean()),
-            "std": 0.0 if empty else float(data[:, j].std()),
-            "min": 0.0 if empty else float(data[:, j].min()),
-            "max": 0.0 if empty else float(data[:, j].max()),
-        }
-        for j, name in enumerate(FEATURE_NAMES)
-    ]
+class _Profile(msgspec.Struct, frozen=True, kw_only=True):
+    days: int
+    paper_seconds: float
+    pace: float
+    session_minutes: int | None
+    """Shorter synthetic sessions (``None``: the configured session hours)."""
+    epochs: int
+    steps_per_epoch: int
+
+
+_FULL = _Profile(days=5, paper_seconds=60.0, pace=60.0, session_minutes=None, epochs=4, steps_per_epoch=250)
+_QUICK = _Profile(days=3, paper_seconds=20.0, pace=20.0, session_minutes=8, epochs=2, steps_per_epoch=60)
+
+
+def _short_session(spec: InstrumentSpec, minutes: int) -> InstrumentSpec:
+    start = dt.datetime.strptime(spec.session_start, "%H:%M")
+    end = (start + dt.timedelta(minutes=minutes)).strftime("%H:%M")
+    return msgspec.structs.replace(spec, session_end=end)
+
+
+def demo_config(base: Config, out: Path, profile: _Profile) -> Config:
+    """The demo's configuration: ``base`` with its state under ``out/state``, a small model and a
+    short walk-forward schedule (the embedded defaults are sized for real archives)."""
+    feeds = base.feeds
+    if profile.session_minutes is not None:
+        feeds = msgspec.structs.replace(
+            feeds, instruments=tuple(_short_session(s, profile.session_minutes) for s in feeds.instruments)
+        )
+    model = msgspec.structs.replace(
+        base.model,
+        window=16,
+        d_model=32,
+        n_layers=1,
+        headdim=8,
+        d_state=8,
+        n_atoms=21,
+        v_min=-5.0,
+        v_max=5.0,
+        return_bins=11,
+        return_max_ticks=5.0,
+    )
+    train = msgspec.structs.replace(
+        base.train,
+        folds=2,
+        train_test_ratio=2.0,
+        n_envs=32,
+        eval_envs=128,
+        epochs=profile.epochs,
+        steps_per_epoch=profile.steps_per_epoch,
+        batch_size=64,
+        replay_capacity=50_000,
+        learning_starts=min(500, profile.steps_per_epoch * 32 // 2),
+        lr=0.001,
+        probe_size=128,
+        sharpe_bucket_s=300.0,
+    )
+    return msgspec.structs.replace(
+        base, data_dir=str((out / "state").resolve()), feeds=feeds, model=model, train=train
+    )
+
+
+def _paper_toml(config: Config, nats_url: str, checkpoint: str) -> str:
+    """The daemon's configuration file: the demo's instruments, state and model, a NATS feed."""
+    instruments = "".join(
+        f'\n[[feeds.instruments]]\nsymbol = "{s.symbol}"\ninstrument_id = {s.instrument_id}\n'
+        f'tick_size = {s.tick_size}\ntick_value = {s.tick_value}\nsession_start = "{s.session_start}"\n'
+        f'session_end = "{s.session_end}"\n'
+        for s in config.feeds.instruments
+    )
+    return (
+        "# Written by `tradeagent demo`: the paper daemon on the demo's NATS feed.\n"
+        f'data_dir = "{config.data_dir}"\ndevice = "{config.device}"\nseed = {config.seed}\n\n'
+        f'[feeds.source]\nkind = "nats"\nnats_url = "{nats_url}"\ndataset = "{config.synth.dataset}"\n'
+        'nats_mode = "jetstream"\n\n'
+        f'[daemon]\ncheckpoint = "{checkpoint}"\nstale_decision_ms = 5000.0\nstatus_interval_s = 0.5\n\n'
+        "[control]\nmetrics_port = 0\n\n[schedule]\nenabled = false\n"
+        f"{instruments}"
+    )
+
+
+def _wait_running(client: ControlClient, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CommandError(f"the paper daemon exited with {proc.returncode}; see {log}")
+        try:
+            if client.request("status").get("state") == "running":
+                return
+        except ControlError:
+            pass
+        time.sleep(0.2)
+    raise CommandError(f"the paper daemon did not start within {timeout:g} s; see {log}")
+
+
+def _wait_feed(
+    client: ControlClient, relay: subprocess.Popen[bytes], log: Path, timeout: float
+) -> dict[str, Any]:
+    """Wait until the daemon has received records from the relay; its status then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = client.request("status")
+            if status.get("feed", {}).get("records", 0) > 0:
+                return status
+        except ControlError:
+            pass
+        if relay.poll() not in (None, 0):
+            raise CommandError(f"the relay exited with {relay.returncode}; see {log}")
+        time.sleep(0.2)
+    raise CommandError(f"no record reached the paper daemon within {timeout:g} s; see {log}")
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+    return proc.returncode
+
+
+def _paper(
+    config: Config, out: Path, last_day: Path, *, checkpoint: str, profile: _Profile, console: Console
+) -> dict[str, Any]:
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    cli = [sys.executable, "-m", "agent.cli", "--log-format", "text"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRADEAGENT")}
+    try:
+        server = NatsServer(store_dir=out / "state" / "nats")
+        server.start()
+    except NatsServerUnavailable as exc:
+        raise CommandError(f"the paper step needs nats-server: {exc}") from None
+    try:
+        toml = write_atomic(out / "paper.toml", _paper_toml(config, server.url, checkpoint))
+        client = ControlClient(control_endpoint(config.control, config.data_dir), timeout_s=2.0)
+        daemon_log = logs / "daemon.log"
+        with daemon_log.open("ab") as log:
+            daemon = subprocess.Popen([*cli, "--config", str(toml), "run"], stdout=log, stderr=log, env=env)
+        try:
+            _wait_running(client, daemon, daemon_log, 120.0)
+            relay_log = logs / "relay.log"
+            with relay_log.open("ab") as log:
+                relay = subprocess.Popen(
+                    [
+                        *cli,
+                        "--config",
+                        str(toml),
+                        "relay",
+                        "--source",
+                        "replay",
+                        "--path",
+                        str(last_day),
+                        "--pace",
+                        f"{profile.pace:g}",
+                    ],
+                    stdout=log,
+                    stderr=log,
+                    env=env,
+                )
+            status = _wait_feed(client, relay, relay_log, 120.0)
+            deadline = time.monotonic() + profile.paper_seconds
+            with console.status("paper trading on the NATS feed") as spinner:
+                while time.monotonic() < deadline and daemon.poll() is None:
+                    time.sleep(1.0)
+                    try:
+                        status = client.request("status")
+                    except ControlError:
+                        continue
+                    counts = status.get("counts", {})
+                    left = deadline - time.monotonic()
+                    spinner.update(
+                        f"paper trading: {counts.get('decisions', 0)} decisions, "
+                        f"{counts.get('orders', 0)} orders, {counts.get('fills', 0)} fills, "
+                        f"realised P&L {status.get('realised_pnl', 0.0):,.2f} ({left:.0f} s left)"
+                    )
+            _stop(relay, 30.0)
+        finally:
+            code = _stop(daemon, 60.0)
+    finally:
+        server.close()
+    if code != 0:
+        raise CommandError(f"the paper daemon exited with {code}; see {daemon_log}")
+    return {"status": status, "config": str(toml), "daemon_log": str(daemon_log), "relay_log": str(relay_log)}
 
 
 def _run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
-    if args.days < 1:
-        raise CommandError(f"--days must be at least 1, got {args.days}")
-    synth = msgspec.structs.replace(config.synth, days=args.days)
+    base = load_config(args.config)
+    profile = _QUICK if args.quick else _FULL
+    changes = {
+        k: v
+        for k, v in (("days", args.days), ("paper_seconds", args.paper_seconds), ("pace", args.pace))
+        if v is not None
+    }
+    profile = msgspec.structs.replace(profile, **changes)
+    if profile.days < 2:
+        raise CommandError("--days must be at least 2 (one to train on, the last one held out)")
+    if profile.paper_seconds <= 0 or profile.pace <= 0:
+        raise CommandError("--paper-seconds and --pace must be > 0")
+    out = Path(args.out).resolve()
+    config = demo_config(base, out, profile)
+    if args.device:
+        config = msgspec.structs.replace(config, device=args.device)
     seed = config.seed if args.seed is None else args.seed
-    instruments = list(config.feeds.instruments)
-    out = Path(args.out)
+    config = msgspec.structs.replace(config, seed=seed)
     console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("synthesise", total=synth.days)
+    started = time.monotonic()
 
-        def on_day(day: dt.date, records: int) -> None:
-            progress.update(task, advance=1, description=f"synthesise {day:%Y-%m-%d} ({records:,} records)")
-
-        write_synthetic(out, instruments=instruments, synth=synth, seed=seed, on_day=on_day)
-        records = read_mbp10(out)
-        task = progress.add_task("features", total=len(instruments))
-        per_instrument: list[dict[str, Any]] = []
-        tradable_rows: list[np.ndarray] = []
-        for spec in instruments:
-            progress.update(task, description=f"features {spec.symbol}")
-            monitor = HealthMonitor(spec.instrument_id, spec.symbol)
-            frame = compute_bars(records, spec, config.feeds.bars, config.feeds.health, monitor)
-            tradable_rows.append(frame.features[frame.tradable])
-            per_instrument.append(
-                {
-                    "symbol": spec.symbol,
-                    "records": int(np.count_nonzero(records["instrument_id"] == spec.instrument_id)),
-                    "bars": len(frame),
-                    "tradable_share": float(frame.tradable.mean()) if len(frame) else 0.0,
-                    "health_episodes": len(monitor.episodes),
-                }
-            )
-            progress.advance(task)
-    features = _feature_summary(np.concatenate(tradable_rows))
-    if args.json:
-        summary = {"out": str(out), "features": features, "instruments": per_instrument}
-        sys.stdout.write(json.dumps(summary) + "\n")
-        return 0
-    stdout = Console()
-    table = Table(title=f"Features over tradable bars ({config.feeds.bars.clock} bars)")
-    for name in ("feature", "mean", "std", "min", "max"):
-        table.add_column(name, justify="left" if name == "feature" else "right")
-    for row in features:
-        table.add_row(row["feature"], *(f"{row[k]:.4g}" for k in ("mean", "std", "min", "max")))
-    stdout.print(table)
-    table = Table(title=f"Instruments (data in {out})")
-    for name in ("symbol", "records", "bars", "tradable", "health episodes"):
-        table.add_column(name, justify="left" if name == "symbol" else "right")
-    for row in per_instrument:
-        table.add_row(
-            row["symbol"],
-            f"{row['records']:,}",
-            f"{row['bars']:,}",
-            f"{row['tradable_share']:.1%}",
-            str(row["health_episodes"]),
+    console.rule("1/4 synthesise a week of MBP-10 data with a planted signal")
+    data = out / "data"
+    synth = msgspec.structs.replace(config.synth, days=profile.days)
+    with RichProgress(console) as progress:
+        progress.start("synthesise", profile.days)
+        files = write_synthetic(
+            data,
+            instruments=config.feeds.instruments,
+            synth=synth,
+            seed=seed,
+            on_day=lambda _day, _n: progress.advance("synthesise"),
         )
-    stdout.print(table)
+    files = sorted(files)
+    train_dir = out / "train-days"
+    train_dir.mkdir(parents=True, exist_ok=True)
+    for old in train_dir.iterdir():
+        old.unlink()
+    for file in files[:-1]:
+        (train_dir / file.name).symlink_to(file)
+    held_out = files[-1]
+
+    console.rule(f"2/4 walk-forward training on {len(files) - 1} days, then the promotion gates")
+    reports = out / "reports"
+    with RichProgress(console) as progress:
+        trained = run_training(config, TrainRequest(data=train_dir, promote=True), progress)
+    s = trained.summary
+    train_report = write_report(trained, reports / "train.html")
+    write_atomic(reports / "train.json", msgspec.json.encode(s).decode() + "\n")
+    if not s.candidate_sha256:
+        raise CommandError(
+            f"training produced no candidate ({s.halt_reason or 'see the report'}): {train_report}"
+        )
+    state = "promoted" if s.promoted else f"not promoted ({s.candidate_status})"
+    console.print(
+        f"candidate {s.candidate_sha256[:12]}: {state}; out-of-sample Sharpe "
+        f"{s.oos.sharpe if s.oos else float('nan'):.2f}; report {train_report}"
+    )
+
+    console.rule(f"3/4 backtest of the held-out day {held_out.name} through the daemon pipeline")
+    with RichProgress(console) as progress:
+        result = run_backtest(
+            config, BacktestRequest(data=held_out, checkpoint=s.candidate_sha256, fast=False), progress
+        )
+    bt_report, bt_summary = write_backtest(result, reports / "backtest")
+    p = result.summary.performance
+    console.print(
+        f"held-out day: P&L after costs {p.pnl:,.2f} (costs {p.costs:,.2f}), {result.summary.fills} fills; "
+        + ", ".join(f"{k} {v.pnl:,.2f}" for k, v in result.summary.baselines.items())
+    )
+
+    console.rule(f"4/4 paper daemon on the last day relayed through NATS ({profile.paper_seconds:g} s)")
+    paper = _paper(config, out, held_out, checkpoint=s.candidate_sha256, profile=profile, console=console)
+    status = paper["status"]
+    summary = {
+        "out": str(out),
+        "wall_s": round(time.monotonic() - started, 1),
+        "promoted": s.promoted,
+        "candidate_sha256": s.candidate_sha256,
+        "train_report": str(train_report),
+        "backtest_report": str(bt_report),
+        "backtest_summary": str(bt_summary),
+        "backtest_pnl": p.pnl,
+        "baselines_pnl": {k: v.pnl for k, v in result.summary.baselines.items()},
+        "paper": {
+            "counts": status.get("counts", {}),
+            "positions": status.get("positions", {}),
+            "realised_pnl": status.get("realised_pnl"),
+            "unrealised_pnl": status.get("unrealised_pnl"),
+        },
+        "database": str(Path(config.data_dir) / "tradeagent.db"),
+        "logs": [paper["daemon_log"], paper["relay_log"]],
+        "paper_config": paper["config"],
+        "symbols": config_symbols(config.feeds),
+    }
+    write_atomic(out / "demo-summary.json", json.dumps(summary, indent=1) + "\n")
+    console.rule("done")
+    print(
+        f"demo finished in {summary['wall_s']:.0f} s\n"
+        f"  training report:  {train_report}\n"
+        f"  backtest report:  {bt_report}\n"
+        f"  database:         {summary['database']}\n"
+        f"  daemon log:       {paper['daemon_log']}\n"
+        f"  relay log:        {paper['relay_log']}\n"
+        f"  paper daemon:     {status.get('counts', {}).get('fills', 0)} fills, positions "
+        f"{status.get('positions', {})}, realised P&L {status.get('realised_pnl', 0.0)}\n"
+        f"  summary:          {out / 'demo-summary.json'}"
+    )
     return 0
