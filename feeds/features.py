@@ -1039,10 +1039,21 @@ class IncrementalFeatures:
     def push_records(self, records: np.ndarray) -> list[BarFrame]:
         """Route every record of ``records`` (any instruments, arrival order)."""
         _check_records(records)
-        raw = np.ascontiguousarray(records).data.cast("B")
+        contiguous = np.ascontiguousarray(records)
+        raw = contiguous.data.cast("B")
+        route = self.by_id.get
         out = []
-        for off in range(0, len(raw), _RECORD_SIZE):
-            frame = self.push(raw[off : off + _RECORD_SIZE])
+        for i, iid in enumerate(contiguous["instrument_id"].tolist()):
+            builder = route(iid)
+            if builder is None:
+                self.rejected += 1
+                continue
+            off = i * _RECORD_SIZE
+            try:
+                frame = builder.push(raw[off : off + _RECORD_SIZE])
+            except FeedError:
+                self.rejected += 1
+                continue
             if frame is not None:
                 out.append(frame)
         return out
