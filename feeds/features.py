@@ -739,7 +739,8 @@ class IncrementalBars:
     :func:`ofi_price_term`); at the close :func:`_finalise` turns them into features, the same
     function the vectorised path applies to arrays. :meth:`poll` with the caller's clock
     (simulated in replay) closes due time bars and opens stale episodes; :meth:`report_gap`
-    takes a transport gap (the open bar is not tradable).
+    takes a transport gap (the open bar is not tradable). Record-check episodes reach
+    :attr:`monitor` when the bar closes (the decision point), stale and gap episodes at once.
     """
 
     def __init__(self, instrument: InstrumentSpec, bars: BarConfig, health: HealthConfig) -> None:
