@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.model.arrays import Array, Params, array_module
+from agent.model.errors import ModelError
 from agent.model.ops import (
     exp_floor,
     linear,
@@ -62,35 +63,39 @@ def _chunks(length: int, chunk: int) -> list[tuple[int, int]]:
     return [(t0, min(t0 + chunk, length)) for t0 in range(0, length, chunk)]
 
 
-def _decays(dtc: Array, Ag: Array) -> tuple[Array, Array, Array]:
-    """Chunk decays from dt (.., Q) and A (G, Hg): Lam (.., Q, Q), e (.., Q), w (.., Q).
+def _decays(dtc: Array, Ag: Array, *, last_row: bool) -> tuple[Array, Array, Array]:
+    """Chunk decays from dt (.., Q) and A (G, Hg): Lam rows (.., R, Q), e (.., Q), w (.., Q).
 
-    With ``cum_t = sum_{r <= t} dt_r A`` inside the chunk:
-    ``Lam[t, s] = exp(cum_t - cum_s)`` for s <= t else 0; ``e_t = exp(cum_t)``; ``w_s =
-    exp(cum_{Q-1} - cum_s)``. Every exponent is clipped into [exp_floor, 0] (A < 0, dt > 0
+    With ``cum_t = sum_{r <= t} dt_r A`` inside the chunk: ``Lam[t, s] = exp(cum_t - cum_s)``
+    for s <= t else 0; ``e_t = exp(cum_t)``; ``w_s = exp(cum_{Q-1} - cum_s)``. With
+    ``last_row`` only Lam's last row (which is w) is returned, R = 1, and no [Q, Q] array is
+    built; otherwise R = Q. Every exponent is clipped into [exp_floor, 0] (A < 0, dt > 0
     make them <= 0 where used; the floor avoids subnormal results).
     """
     xp = array_module(dtc)
     q = dtc.shape[-1]
     lo = exp_floor(dtc.dtype)
     cum = xp.cumsum(dtc * Ag[..., None], axis=-1)
+    e = xp.exp(xp.maximum(cum, lo))
+    w = xp.exp(xp.maximum(cum[..., -1:] - cum, lo))
+    if last_row:
+        return w[..., None, :], e, w
     seg = cum[..., :, None] - cum[..., None, :]
     lam = xp.exp(xp.clip(seg, lo, 0.0, out=seg), out=seg)
     lam *= xp.tri(q, dtype=dtc.dtype)
-    e = xp.exp(xp.maximum(cum, lo))
-    w = xp.exp(xp.maximum(cum[..., -1:] - cum, lo))
     return lam, e, w
 
 
 def ssd_chunked(
-    x: Array, dt: Array, A: Array, B: Array, C: Array, *, chunk: int
+    x: Array, dt: Array, A: Array, B: Array, C: Array, *, chunk: int, last_only: bool = False
 ) -> tuple[Array, list[Array | None]]:
     """SSM scan of a window from zero state, chunked SSD form (ALGORITHMS 1.4), no D skip.
 
     x (Bt,L,H,P), dt (Bt,L,H) > 0, A (H) < 0, B and C (Bt,L,G,N) -> y (Bt,L,H,P) with
-    ``h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T``, ``y_t = h_t C_t``, ``h_{-1} = 0``.
-    Also returns the state entering each chunk ((Bt,G,H/G,P,N); None for the first, which is
-    zero), kept for :func:`ssd_chunked_backward`.
+    ``h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T``, ``y_t = h_t C_t``, ``h_{-1} = 0``; with
+    ``last_only`` only y at the last step, (Bt,1,H,P), which needs no [Q, Q] product at all
+    (the network reads its last block there only). Also returns the state entering each
+    chunk ((Bt,G,H/G,P,N); None for the first, which is zero), kept for the backward pass.
     """
     xp = array_module(x, dt, A, B, C)
     bt, length, h, p = x.shape
@@ -100,18 +105,22 @@ def ssd_chunked(
     states: list[Array | None] = [None]
     for c, (t0, t1) in enumerate(spans):
         xc, dtc, Bc, Cc = xh[..., t0:t1, :], dth[..., t0:t1], Bg[..., t0:t1, :], Cg[..., t0:t1, :]
-        lam, e, w = _decays(dtc, Ag)
+        last = c + 1 == len(spans)
+        lam, e, w = _decays(dtc, Ag, last_row=last_only)
         U = dtc[..., None] * xc
-        y = xp.matmul(xp.matmul(Cc, _t(Bc)) * lam, U)
         hin = states[c]
-        if hin is not None:
-            y = y + e[..., None] * xp.matmul(Cc, _t(hin))
-        ys.append(y)
-        if c + 1 < len(spans):
+        if last or not last_only:
+            rows = slice(-1, None) if last_only else slice(None)
+            Cr = Cc[..., rows, :]
+            y = xp.matmul(xp.matmul(Cr, _t(Bc)) * lam, U)
+            if hin is not None:
+                y = y + e[..., rows, None] * xp.matmul(Cr, _t(hin))
+            ys.append(y)
+        if not last:
             hout = xp.matmul(_t(U * w[..., None]), Bc)
             states.append(hout if hin is None else hout + e[..., -1:, None] * hin)
     y = xp.concatenate(ys, axis=3) if len(ys) > 1 else ys[0]
-    return y.transpose(0, 3, 1, 2, 4).reshape(bt, length, h, p), states
+    return y.transpose(0, 3, 1, 2, 4).reshape(bt, y.shape[3], h, p), states
 
 
 def ssd_chunked_backward(
@@ -124,17 +133,22 @@ def ssd_chunked_backward(
     chunk: int,
     states: list[Array | None],
     gy: Array,
+    last_only: bool = False,
 ) -> tuple[Array, Array, Array, Array, Array]:
-    """Gradients of :func:`ssd_chunked` (ALGORITHMS 1.5 b): gy (Bt,L,H,P) -> gx, gdt, gA, gB, gC.
+    """Gradients of :func:`ssd_chunked` (ALGORITHMS 1.5 b) -> gx, gdt, gA, gB, gC.
 
-    Chunks are visited in reverse; the gradient of each chunk's entering state flows into the
-    previous chunk. Decays are recomputed from dt and A rather than stored.
+    ``gy`` is (Bt,L,H,P), or (Bt,1,H,P) with ``last_only`` (as the forward was run). Chunks are visited in
+    reverse; the gradient of each chunk's entering state flows into the previous chunk.
+    Decays are recomputed from dt and A rather than stored. The output-dependent terms are
+    written once for a set of output rows R of the chunk (all Q rows, or only the last).
     """
     xp = array_module(x, dt, A, B, C, gy)
     bt, length, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
+    if gy.shape[1] != (1 if last_only else length):
+        raise ModelError(f"gy has {gy.shape[1]} steps for a window of {length} (last_only={last_only})")
     xh, dth, Ag, Bg, Cg = _heads(x, dt, A, B, C)
-    gyh = gy.reshape(bt, length, g, h // g, p).transpose(0, 2, 3, 1, 4)
+    gyh = gy.reshape(bt, gy.shape[1], g, h // g, p).transpose(0, 2, 3, 1, 4)
     spans = _chunks(length, chunk)
     gxs: list[Array] = []
     gdts: list[Array] = []
@@ -144,26 +158,33 @@ def ssd_chunked_backward(
     ghout: Array | None = None
     for c in range(len(spans) - 1, -1, -1):
         t0, t1 = spans[c]
+        q = t1 - t0
         xc, dtc, Bc, Cc = xh[..., t0:t1, :], dth[..., t0:t1], Bg[..., t0:t1, :], Cg[..., t0:t1, :]
-        gY = gyh[..., t0:t1, :]
-        lam, e, w = _decays(dtc, Ag)
+        lam, e, w = _decays(dtc, Ag, last_row=last_only)
         U = dtc[..., None] * xc
-        CB = xp.matmul(Cc, _t(Bc))
-        M = CB * lam
-        gM = xp.matmul(gY, _t(U))  # only used times lam, which carries the causal mask
-        gU = xp.matmul(_t(M), gY)
-        S = gM * M
-        gcum = S.sum(axis=-1) - S.sum(axis=-2)
-        gCB = (gM * lam).sum(axis=2, keepdims=True)
-        gC = xp.matmul(gCB, Bc)
-        gB = xp.matmul(_t(gCB), Cc)
         hin = states[c]
         ghin: Array | None = None
-        if hin is not None:
-            eg = e[..., None] * gY
-            gcum = gcum + (eg * xp.matmul(Cc, _t(hin))).sum(axis=-1)
-            gC = gC + xp.matmul(eg, hin).sum(axis=2, keepdims=True)
-            ghin = xp.matmul(_t(eg), Cc)
+        if c + 1 < len(spans) and last_only:  # no output rows here: only the state path
+            gU, gcum, gB, gC = xp.zeros_like(U), xp.zeros_like(dtc), xp.zeros_like(Bc), xp.zeros_like(Cc)
+        else:
+            rows = slice(q - 1, q) if last_only else slice(0, q)
+            gY = gyh if last_only else gyh[..., t0:t1, :]
+            Cr = Cc[..., rows, :]
+            M = xp.matmul(Cr, _t(Bc)) * lam  # (.., R, Q)
+            gM = xp.matmul(gY, _t(U))  # only used times lam, which carries the causal mask
+            gU = xp.matmul(_t(M), gY)
+            S = gM * M
+            gcum = -S.sum(axis=-2)
+            gcum[..., rows] += S.sum(axis=-1)
+            gCB = (gM * lam).sum(axis=2, keepdims=True)
+            gCr = xp.matmul(gCB, Bc)
+            gB = xp.matmul(_t(gCB), Cr)
+            if hin is not None:
+                eg = e[..., rows, None] * gY
+                gcum[..., rows] += (eg * xp.matmul(Cr, _t(hin))).sum(axis=-1)
+                gCr = gCr + xp.matmul(eg, hin).sum(axis=2, keepdims=True)
+                ghin = xp.matmul(_t(eg), Cr)
+            gC = gCr if not last_only else xp.concatenate([xp.zeros_like(Cc[..., 1:, :]), gCr], axis=-2)
         if ghout is not None:
             hout = states[c + 1]
             GB = xp.matmul(Bc, _t(ghout))  # (..,Q,P): gHout B_s per step
@@ -172,7 +193,7 @@ def ssd_chunked_backward(
             gcum = gcum - w * (U * GB).sum(axis=-1)
             gcum[..., -1] += (ghout * hout).sum(axis=(-1, -2))
             if hin is not None:
-                ghin = ghin + e[..., -1:, None] * ghout
+                ghin = e[..., -1:, None] * ghout if ghin is None else ghin + e[..., -1:, None] * ghout
         ghout = ghin
         ga = xp.flip(xp.cumsum(xp.flip(gcum, axis=-1), axis=-1), axis=-1)  # sum_{t >= r} gcum_t
         gxs.append(dtc[..., None] * gU)
@@ -217,10 +238,13 @@ def ssd_ref(
 
 @dataclass(frozen=True, slots=True)
 class BlockCache:
-    """What :func:`block_backward` needs from :func:`block_forward` (all (Bt, L, ...))."""
+    """What :func:`block_backward` needs from :func:`block_forward`.
+
+    Lo = L, or 1 when only the last step's output was computed (``last_only``).
+    """
 
     u: Array  # block input (Bt,L,d)
-    z: Array  # gate pre-activation (Bt,L,Di)
+    z: Array  # gate pre-activation (Bt,Lo,Di)
     xbc_raw: Array  # conv input (Bt,L,Cd)
     pre: Array  # conv output before SiLU (Bt,L,Cd)
     xbc: Array  # after SiLU (Bt,L,Cd)
@@ -228,12 +252,13 @@ class BlockCache:
     dt: Array  # softplus(s) (Bt,L,H)
     A: Array  # -exp(A_log) (H)
     states: list[Array | None]  # SSD chunk-entry states
-    y: Array  # SSM output incl. D skip (Bt,L,Di)
-    gate: Array  # silu(z) (Bt,L,Di)
-    vhat: Array  # normalised y * gate (Bt,L,Di)
-    r: Array  # inverse RMS (Bt,L,G,1)
-    o: Array  # vhat * gnorm_w (Bt,L,Di)
+    y: Array  # SSM output incl. D skip (Bt,Lo,Di)
+    gate: Array  # silu(z) (Bt,Lo,Di)
+    vhat: Array  # normalised y * gate (Bt,Lo,Di)
+    r: Array  # inverse RMS (Bt,Lo,G,1)
+    o: Array  # vhat * gnorm_w (Bt,Lo,Di)
     chunk: int
+    last_only: bool
 
 
 def _split_xbc(xbc: Array, di: int, g: int, n: int, heads: int) -> tuple[Array, Array, Array]:
@@ -244,10 +269,14 @@ def _split_xbc(xbc: Array, di: int, g: int, n: int, heads: int) -> tuple[Array, 
     return x, B, C
 
 
-def block_forward(params: Params, prefix: str, u: Array, groups: int, chunk: int) -> tuple[Array, BlockCache]:
+def block_forward(
+    params: Params, prefix: str, u: Array, groups: int, chunk: int, *, last_only: bool = False
+) -> tuple[Array, BlockCache]:
     """Mamba2 mixer on u (Bt,L,d) -> out (Bt,L,d) (ALGORITHMS 1.2); ``prefix`` = "blocks.i.".
 
-    The residual connection and the pre-norm are the network's business.
+    With ``last_only`` the output is the last step's only, (Bt,1,d): what the network's last
+    block needs; the scan then builds no [Q, Q] matrices and gate, norm and out_proj run on
+    one row. The residual connection and the pre-norm are the network's business.
     """
     xp = array_module(u)
     W_in, conv_w, conv_b = params[prefix + "W_in"], params[prefix + "conv_w"], params[prefix + "conv_b"]
@@ -266,20 +295,23 @@ def block_forward(params: Params, prefix: str, u: Array, groups: int, chunk: int
     s = dt_raw + params[prefix + "dt_bias"]
     dt = softplus(s)
     A = -xp.exp(params[prefix + "A_log"])
-    ssm, states = ssd_chunked(x, dt, A, B, C, chunk=chunk)
-    y = (ssm + params[prefix + "D"][:, None] * x).reshape(bt, length, di)
+    ssm, states = ssd_chunked(x, dt, A, B, C, chunk=chunk, last_only=last_only)
+    rows = slice(length - 1, length) if last_only else slice(0, length)
+    z = z[:, rows]
+    y = (ssm + params[prefix + "D"][:, None] * x[:, rows]).reshape(bt, -1, di)
     gate = silu(z)
     vhat, r = rmsnorm(y * gate, groups)
     o = vhat * params[prefix + "gnorm_w"]
     out = linear(o, params[prefix + "W_out"])
-    cache = BlockCache(u, z, xbc_raw, pre, xbc, s, dt, A, states, y, gate, vhat, r, o, chunk)
+    cache = BlockCache(u, z, xbc_raw, pre, xbc, s, dt, A, states, y, gate, vhat, r, o, chunk, last_only)
     return out, cache
 
 
 def block_backward(params: Params, prefix: str, cache: BlockCache, gout: Array) -> tuple[Params, Array]:
     """Gradients of :func:`block_forward` (ALGORITHMS 1.5 b, c).
 
-    gout (Bt,L,d) -> (grads keyed by full tensor name, gu (Bt,L,d)).
+    gout (Bt,L,d), or (Bt,1,d) after a ``last_only`` forward -> (grads keyed by full tensor
+    name, gu (Bt,L,d)).
     """
     xp = array_module(gout)
     W_in, W_out, conv_w = params[prefix + "W_in"], params[prefix + "W_out"], params[prefix + "conv_w"]
@@ -299,12 +331,15 @@ def block_backward(params: Params, prefix: str, cache: BlockCache, gout: Array) 
     gy = gv * cache.gate
     gz = gv * cache.y * silu_grad(cache.z)
 
-    gy4 = gy.reshape(bt, length, heads, di // heads)
-    grads[prefix + "D"] = sum_leading((gy4 * x).sum(axis=-1))
+    rows = slice(length - 1, length) if cache.last_only else slice(0, length)
+    gy4 = gy.reshape(bt, -1, heads, di // heads)
+    grads[prefix + "D"] = sum_leading((gy4 * x[:, rows]).sum(axis=-1))
     gx, gdt, gA, gB, gC = ssd_chunked_backward(
-        x, cache.dt, cache.A, B, C, chunk=cache.chunk, states=cache.states, gy=gy4
+        x, cache.dt, cache.A, B, C, chunk=cache.chunk, states=cache.states, gy=gy4, last_only=cache.last_only
     )
-    gx = gx + params[prefix + "D"][:, None] * gy4
+    gx[:, rows] += params[prefix + "D"][:, None] * gy4
+    if cache.last_only:
+        gz = xp.concatenate([xp.zeros((bt, length - 1, di), dtype=gz.dtype), gz], axis=1)
     grads[prefix + "A_log"] = gA * cache.A
     gs = gdt * sigmoid(cache.s)
     grads[prefix + "dt_bias"] = sum_leading(gs)

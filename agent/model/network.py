@@ -51,9 +51,10 @@ def forward(
     blocks: list[BlockCache] = []
     for i in range(cfg.n_layers):
         p = block_prefix(i)
+        last = i == cfg.n_layers - 1  # only its last step is read: computed alone
         nhat, r = rmsnorm(h)
-        out, bc = block_forward(params, p, nhat * params[p + "norm_w"], cfg.ngroups, q_len)
-        h = h + out
+        out, bc = block_forward(params, p, nhat * params[p + "norm_w"], cfg.ngroups, q_len, last_only=last)
+        h = (h[:, -1:] if last else h) + out
         norms.append((nhat, r))
         blocks.append(bc)
     fhat, fr = rmsnorm(h[:, -1])
@@ -87,7 +88,8 @@ def backward(
     gh[:, -1] = g_last
     for i in range(cfg.n_layers - 1, -1, -1):
         p = block_prefix(i)
-        block_grads, gn = block_backward(params, p, cache.blocks[i], gh)
+        gout = gh[:, -1:] if cache.blocks[i].last_only else gh
+        block_grads, gn = block_backward(params, p, cache.blocks[i], gout)
         grads |= block_grads
         nhat, r = cache.norms[i]
         grads[p + "norm_w"] = sum_leading(gn * nhat)

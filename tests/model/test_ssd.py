@@ -35,6 +35,8 @@ def test_chunked_form_equals_the_step_recurrence(xp: ModuleType, chunk: int) -> 
     expected, _ = ssd_ref(x, dt, A, B, C)
     got, _ = ssd_chunked(x, dt, A, B, C, chunk=chunk)
     np.testing.assert_allclose(to_numpy(got), to_numpy(expected), rtol=1e-12, atol=1e-12)
+    last, _ = ssd_chunked(x, dt, A, B, C, chunk=chunk, last_only=True)
+    np.testing.assert_allclose(to_numpy(last), to_numpy(expected)[:, -1:], rtol=1e-12, atol=1e-12)
 
 
 def test_strong_decay_stays_finite_in_float32(xp: ModuleType) -> None:
@@ -82,12 +84,16 @@ def _block_step_reference(params: Params, prefix: str, u: Array) -> Array:
 
 @pytest.mark.parametrize("chunk", [1, 2, TINY.window])
 def test_block_window_form_equals_the_recurrent_step(chunk: int) -> None:
+    """Every step's output, and the last step's alone (what the network's last block uses)."""
     rng = np.random.default_rng(11)
     params = init_params(TINY, rng, dtype=np.float64)
     params["blocks.0.dt_bias"] += 1.0
     u = rng.standard_normal((2, TINY.window, TINY.d_model))
+    expected = _block_step_reference(params, "blocks.0.", u)
     got, _ = block_forward(params, "blocks.0.", u, TINY.ngroups, chunk)
-    np.testing.assert_allclose(got, _block_step_reference(params, "blocks.0.", u), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(got, expected, rtol=1e-11, atol=1e-12)
+    last, _ = block_forward(params, "blocks.0.", u, TINY.ngroups, chunk, last_only=True)
+    np.testing.assert_allclose(last, expected[:, -1:], rtol=1e-11, atol=1e-12)
 
 
 def test_network_output_does_not_depend_on_the_chunk_length(xp: ModuleType) -> None:
