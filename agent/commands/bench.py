@@ -21,9 +21,11 @@ __all__ = ["BENCHMARKS", "register"]
 # name -> one-line help; the code is agent.bench.<name>.run
 BENCHMARKS: dict[str, str] = {
     "backtest": "records/s of the event-driven and vectorised backtest drivers, peak memory",
+    "daemon": "end-to-end daemon latency (bar-closing record -> order) at 10k records/s via NATS",
     "db": "durable fills/s and promotion transactions/s on SQLite and PostgreSQL",
     "feed": "market-data records/s: vectorised and incremental features, NATS relay end to end",
     "infer": "decision latency/throughput of the inference engine and training-step throughput",
+    "train": "trainer speed: environment steps/s, learner updates/s, standard 20-day 4-fold retrain",
 }
 
 

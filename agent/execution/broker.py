@@ -41,6 +41,9 @@ from feeds.records import ACTION_TRADE, LEVELS, MBP10_DTYPE, UNDEF_PRICE
 
 __all__ = ["BookLevels", "PaperBroker", "book_levels"]
 
+_MAX_UNRESOLVED = 256
+"""Batches kept by reference before the last record per instrument is worked out."""
+
 _BID_PX = [f"bid_px_{i:02d}" for i in range(LEVELS)]
 _ASK_PX = [f"ask_px_{i:02d}" for i in range(LEVELS)]
 _BID_SZ = [f"bid_sz_{i:02d}" for i in range(LEVELS)]
@@ -110,6 +113,7 @@ class PaperBroker:
         self._seen: set[str] = set()
         self._seq = seq_start
         self._clock_ns = 0
+        self._unresolved: list[np.ndarray[Any, np.dtype[np.void]]] = []
 
     @property
     def seq(self) -> int:
@@ -169,34 +173,52 @@ class PaperBroker:
     # -- market data -----------------------------------------------------------------------------
 
     def on_records(self, records: np.ndarray[Any, np.dtype[np.void]]) -> list[Report]:
-        """Advance the book with a batch of MBP-10 records (time order) and execute what is due."""
+        """Advance the book with a batch of MBP-10 records (time order) and execute what is due.
+
+        Instruments without working orders cost nothing per record: their batches are kept by
+        reference and their last record is looked up only when an order needs their book.
+        """
         if records.dtype != MBP10_DTYPE or records.size == 0:
             return []
-        ids = records["instrument_id"]
-        active = [i for i, b in self._books.items() if b.pending or b.resting or b.cancels]
-        reports: list[Report] = []
-        if active:
-            ts = records["ts_recv"]
-            for k in np.flatnonzero(np.isin(ids, active)):
-                inst = int(ids[k])
-                book = self._books[inst]
-                self._due(book, int(ts[k]), reports)
-                book.last = records[k]
-                if book.resting:
-                    self._on_resting(book, records[k], reports)
-        # The last record of every instrument in the batch becomes its book.
-        rev_ids = ids[::-1]
-        uniq, first_rev = np.unique(rev_ids, return_index=True)
-        for inst, j in zip(uniq.tolist(), first_rev.tolist(), strict=True):
-            book_state = self._books.get(inst)
-            if book_state is not None:
-                book_state.last = records[records.size - 1 - j]
         self._clock_ns = max(self._clock_ns, int(records["ts_recv"][-1]))
+        active = [i for i, b in self._books.items() if b.pending or b.resting or b.cancels]
+        if not active:
+            self._unresolved.append(records)
+            if len(self._unresolved) >= _MAX_UNRESOLVED:
+                self._resolve()
+            return []
+        self._resolve()
+        reports: list[Report] = []
+        ids = records["instrument_id"]
+        ts = records["ts_recv"]
+        for k in np.flatnonzero(np.isin(ids, active)):
+            book = self._books[int(ids[k])]
+            self._due(book, int(ts[k]), reports)
+            book.last = records[k]
+            if book.resting:
+                self._on_resting(book, records[k], reports)
+        self._unresolved.append(records)
+        self._resolve()
         return reports
+
+    def _resolve(self) -> None:
+        """Set each instrument's book to its last record in the batches seen since last time."""
+        if not self._unresolved:
+            return
+        batches, self._unresolved = self._unresolved, []
+        records = batches[0] if len(batches) == 1 else np.concatenate(batches)
+        rev_ids = records["instrument_id"][::-1]
+        uniq, first_rev = np.unique(rev_ids, return_index=True)
+        n = records.size
+        for inst, j in zip(uniq.tolist(), first_rev.tolist(), strict=True):
+            book = self._books.get(inst)
+            if book is not None:
+                book.last = records[n - 1 - j]
 
     def advance(self, now_ns: int) -> list[Report]:
         """Execute every order and cancel due by ``now_ns`` against the current book (quiet feed)."""
         self._clock_ns = max(self._clock_ns, now_ns)
+        self._resolve()
         reports: list[Report] = []
         for book in self._books.values():
             if book.pending or book.cancels:

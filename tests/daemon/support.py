@@ -12,18 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 
+from agent.bench.daemon import trading_checkpoint
 from agent.config import Config, load_config
 from agent.control.client import ControlClient
 from agent.control.endpoints import control_endpoint
 from agent.control.errors import ControlUnreachable
-from agent.model.checkpoint import checkpoint_to_bytes
 from agent.model.config import ModelConfig
-from agent.model.params import init_params, layout_fingerprint, param_shapes
-from agent.train.env import AGENT_FEATURES
 from feeds.config import InstrumentSpec, SynthConfig
-from feeds.features import FEATURE_NAMES
 from feeds.synth import write_synthetic
 from storage import CheckpointStore, ModelRegistry, open_database
 from storage.records import instrument_set_key
@@ -51,25 +47,8 @@ def synth_feed(out: Path, *, seed: int = 7, days: int = 1) -> list[Path]:
 
 
 def model_checkpoint(seed: int = 0, *, d_model: int = TINY.d_model) -> tuple[bytes, str]:
-    """A freshly initialised tiny model as checkpoint bytes, and its layout fingerprint."""
-    cfg = msgspec.structs.replace(TINY, d_model=d_model).with_features(
-        len(FEATURE_NAMES) + len(AGENT_FEATURES)
-    )
-    params = init_params(cfg, np.random.default_rng(seed))
-    # Tilt the return head towards the top bin: the sizing then finds an edge whenever Thompson
-    # picks "long", so the model trades (long or flat) instead of always staying flat.
-    params["ret.b"] = params["ret.b"].copy()
-    params["ret.b"][-1] += 3.0
-    f = cfg.n_features
-    blob = checkpoint_to_bytes(
-        params,
-        cfg,
-        feature_names=(*FEATURE_NAMES, *AGENT_FEATURES),
-        norm_mean=np.zeros(f, np.float32),
-        norm_std=np.ones(f, np.float32),
-        metadata={"test": True, "seed": seed},
-    )
-    return blob, layout_fingerprint(param_shapes(cfg))
+    """A tiny untrained network that trades, as checkpoint bytes, and its layout fingerprint."""
+    return trading_checkpoint(msgspec.structs.replace(TINY, d_model=d_model), seed=seed)
 
 
 def install_model(config: Config, blob: bytes, fingerprint: str, *, promote: bool = True) -> str:

@@ -1,0 +1,225 @@
+"""``tradeagent bench daemon``: end-to-end latency of the trading daemon through NATS.
+
+Set-up (everything real, in a temporary directory): a private ``nats-server``; a synthetic
+MBP-10 feed of ``--instruments`` instruments (default 10) at about ``--rate`` records/s in
+total (default 10,000), cut to ``--seconds`` of market time; ``tradeagent relay`` publishes it
+at real-time pace as a subprocess; the daemon runs in this process on the CPU with the paper
+broker, the embedded SQLite ledger, the configured model shape (a freshly initialised network
+whose return head is tilted so that it trades) and ``--bar`` second time bars (default 0.25 s,
+so that the K-bar windows fill and many decisions are measured in a short run).
+
+Keys:
+
+``p50_ms``, ``p99_ms``
+    From the arrival of the record that closes a bar (the wall-clock time the NATS batch holding
+    it was taken from the transport) to the order leaving the daemon (handed to the venue, after
+    the batched decision, the risk checks and the order's commit to the ledger). Bars closed by
+    the clock on a quiet feed are measured from that clock tick.
+``records_per_s``
+    Records the daemon consumed per second of wall time over the run.
+
+Also: ``orders``, ``decisions``, ``bars_dropped`` (stale or overflowing decisions),
+``instruments``, ``seconds``, ``device``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from agent.bench.nats_server import NatsServer, NatsServerUnavailable
+from agent.config import Config
+from agent.daemon.app import Daemon
+from agent.errors import AgentError
+from agent.model.checkpoint import checkpoint_to_bytes
+from agent.model.config import ModelConfig
+from agent.model.params import init_params, layout_fingerprint, param_shapes
+from agent.train.env import AGENT_FEATURES
+from feeds.config import InstrumentSpec, SynthConfig
+from feeds.dbn import read_mbp10, write_mbp10
+from feeds.features import FEATURE_NAMES
+from feeds.synth import write_synthetic
+from storage import CheckpointStore, ModelRegistry, open_database
+from storage.records import instrument_set_key
+
+__all__ = ["add_arguments", "run", "trading_checkpoint"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--instruments", type=int, default=10, help="instruments traded (default 10)")
+    parser.add_argument("--rate", type=float, default=10_000.0, help="total records/s (default 10,000)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="market seconds to replay (default 30)")
+    parser.add_argument("--bar", type=float, default=0.25, help="bar interval in seconds (default 0.25)")
+
+
+def trading_checkpoint(model: ModelConfig, *, seed: int = 0, edge: float = 3.0) -> tuple[bytes, str]:
+    """A freshly initialised network for the live feature layout, as checkpoint bytes plus its
+    layout fingerprint. The return head's top bin gets ``edge`` extra logit so the Kelly sizing
+    sees an edge whenever Thompson picks "long": such a model trades (long or flat), which is
+    what benchmarks and tests of the order path need. It has learned nothing."""
+    cfg = model.with_features(len(FEATURE_NAMES) + len(AGENT_FEATURES))
+    params = init_params(cfg, np.random.default_rng(seed))
+    params["ret.b"] = params["ret.b"].copy()
+    params["ret.b"][-1] += edge
+    n = cfg.n_features
+    blob = checkpoint_to_bytes(
+        params,
+        cfg,
+        feature_names=(*FEATURE_NAMES, *AGENT_FEATURES),
+        norm_mean=np.zeros(n, np.float32),
+        norm_std=np.ones(n, np.float32),
+        metadata={"purpose": "untrained network that trades, for benchmarks and tests", "seed": seed},
+    )
+    return blob, layout_fingerprint(param_shapes(cfg))
+
+
+def _instruments(n: int) -> tuple[InstrumentSpec, ...]:
+    return tuple(
+        InstrumentSpec(symbol=f"I{k:02d}", instrument_id=2000 + k, session_start="13:30", session_end="13:32")
+        for k in range(n)
+    )
+
+
+def _feed(out: Path, specs: tuple[InstrumentSpec, ...], rate: float, seconds: float) -> tuple[Path, int]:
+    synth = SynthConfig(days=1, events_per_second=rate / len(specs), dataset="BENCH")
+    (day,) = write_synthetic(out / "raw", instruments=specs, synth=synth, seed=1)
+    records = read_mbp10(day)
+    ts = records["ts_recv"].astype(np.int64)
+    keep = records[ts < ts[0] + int(seconds * 1e9)]
+    path = write_mbp10(
+        out / "bench.dbn",
+        keep,
+        dataset="BENCH",
+        symbols={s.instrument_id: s.symbol for s in specs},
+        start_ns=int(ts[0]),
+        end_ns=int(keep["ts_recv"][-1]) + 1,
+    )
+    return path, int(keep.shape[0])
+
+
+def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
+    specs = _instruments(args.instruments)
+    with tempfile.TemporaryDirectory(prefix="tradeagent-bench-daemon-") as tmp:
+        root = Path(tmp)
+        feed, total = _feed(root, specs, args.rate, args.seconds)
+        try:
+            nats = NatsServer(store_dir=root / "nats")
+            nats.start()
+        except NatsServerUnavailable as exc:
+            raise AgentError(f"bench daemon needs nats-server: {exc}") from None
+        try:
+            bench_config = _bench_config(config, root, specs, nats.url, args.bar)
+            blob, fingerprint = trading_checkpoint(bench_config.model)
+            _install(bench_config, blob, fingerprint)
+            return asyncio.run(_measure(bench_config, root, feed, total))
+        finally:
+            nats.close()
+
+
+def _bench_config(
+    config: Config, root: Path, specs: tuple[InstrumentSpec, ...], url: str, bar_s: float
+) -> Config:
+    feeds = msgspec.structs.replace(
+        config.feeds,
+        instruments=specs,
+        bars=msgspec.structs.replace(config.feeds.bars, clock="time", interval_s=bar_s),
+        source=msgspec.structs.replace(
+            config.feeds.source, kind="nats", nats_url=url, dataset="BENCH", symbols=(), durable="bench"
+        ),
+    )
+    return msgspec.structs.replace(
+        config,
+        data_dir=str(root / "data"),
+        device="cpu",
+        feeds=feeds,
+        storage=msgspec.structs.replace(config.storage, url=""),
+        control=msgspec.structs.replace(config.control, endpoint="", telemetry_endpoint="", metrics_port=0),
+        schedule=msgspec.structs.replace(config.schedule, enabled=False),
+        broker=msgspec.structs.replace(config.broker, mode="paper"),
+        daemon=msgspec.structs.replace(config.daemon, mode="paper", checkpoint=""),
+        policy=msgspec.structs.replace(config.policy, max_contracts=max(config.policy.max_contracts, 3)),
+        risk=msgspec.structs.replace(config.risk, max_orders_per_minute=1_000_000),
+    )
+
+
+def _install(config: Config, blob: bytes, fingerprint: str) -> None:
+    database = open_database(config.storage, config.data_dir)
+    try:
+        store = CheckpointStore.for_data_dir(config.data_dir)
+        sha = store.put(blob)
+        registry = ModelRegistry(database)
+        registry.register_candidate(
+            sha256=sha,
+            instrument_set=instrument_set_key([s.symbol for s in config.feeds.instruments]),
+            layout_fingerprint=fingerprint,
+            path=str(store.path(sha)),
+            metrics={},
+        )
+        registry.promote(sha, by="bench daemon")
+    finally:
+        database.close()
+
+
+async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[str, Any]:
+    config_path = root / "relay.toml"
+    config_path.write_text(
+        f'[feeds.source]\nnats_url = "{config.feeds.source.nats_url}"\ndataset = "BENCH"\n', encoding="utf-8"
+    )
+    daemon = Daemon(config)
+    task = asyncio.get_running_loop().create_task(daemon.run())
+    while daemon.state != "running":
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    log = (root / "relay.log").open("wb")
+    relay = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "agent.cli", "--config", str(config_path), "relay"),
+            *("--source", "replay", "--path", str(feed), "--pace", "1"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    source = daemon._source
+    assert source is not None
+    first: float | None = None
+    deadline = time.monotonic() + 120 + total / 1000
+    while source.counters.records < total and time.monotonic() < deadline:
+        if first is None and source.counters.records:
+            first = time.monotonic()
+        if relay.poll() not in (None, 0):
+            break
+        await asyncio.sleep(0.01)
+    elapsed = time.monotonic() - (first or time.monotonic())
+    await asyncio.sleep(0.5)
+    consumed = source.counters.records
+    relay.wait(60)
+    latencies = np.array(daemon.latencies_ns, dtype=np.float64) / 1e6
+    counts = dict(daemon.counts)
+    daemon.request_stop()
+    await task
+    if relay.returncode != 0:
+        raise AgentError(f"relay failed: {(root / 'relay.log').read_text(errors='replace')[-2000:]}")
+    if latencies.size == 0:
+        raise AgentError("the daemon sent no order during the benchmark; no latency to report")
+    return {
+        "p50_ms": round(float(np.percentile(latencies, 50)), 3),
+        "p99_ms": round(float(np.percentile(latencies, 99)), 3),
+        "records_per_s": round(consumed / elapsed, 1) if elapsed > 0 else None,
+        "orders": int(latencies.size),
+        "decisions": counts.get("decisions", 0),
+        "bars_dropped": counts.get("dropped_decisions", 0) + counts.get("stale_decisions", 0),
+        "instruments": len(config.feeds.instruments),
+        "seconds": round(elapsed, 2),
+        "device": "cpu",
+    }
