@@ -150,7 +150,7 @@ def _wait_records(daemon: DaemonProcess, settle_s: float = 1.0) -> int:
     """Wait until the daemon's record count stops moving; return it."""
     last, since = -1, time.monotonic()
     while True:
-        n = daemon.status()["feed"]["records"]
+        n = int(daemon.status()["feed"]["records"])
         if n != last:
             last, since = n, time.monotonic()
         elif time.monotonic() - since > settle_s:

@@ -1,0 +1,158 @@
+"""The daemon's parts on their own: risk limits and halts, the retrain scheduler (real
+subprocesses: success, failure, timeout, overlap), Prometheus metrics over HTTP, telemetry PUB,
+and the daemon's configuration checks."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import urllib.request
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from agent.config import ConfigError, load_config
+from agent.daemon.config import RiskConfig, ScheduleConfig
+from agent.daemon.metrics import DaemonMetrics
+from agent.daemon.risk import Halts, RiskLimits
+from agent.daemon.scheduler import RetrainResult, RetrainScheduler, default_command
+from agent.daemon.telemetry import Telemetry
+from agent.errors import AgentError
+
+DAY = 86_400 * 10**9
+
+
+def test_risk_clamps_positions_and_limits_the_order_rate() -> None:
+    risk = RiskLimits(RiskConfig(max_position=2, max_orders_per_minute=3))
+    assert (risk.clamp(5), risk.clamp(-7), risk.clamp(1)) == (2, -2, 1)
+    for t in (0.0, 1.0, 2.0):
+        assert risk.order_allowed(t)
+        risk.order_sent(t)
+    assert not risk.order_allowed(30.0)
+    assert risk.throttled == 1
+    assert risk.order_allowed(60.5)  # the first order left the 60 s window
+
+
+def test_daily_loss_and_drawdown_breaches() -> None:
+    risk = RiskLimits(RiskConfig(max_daily_loss=100.0, max_drawdown=150.0))
+    risk.start(1000.0, 5 * DAY)
+    assert risk.breach(950.0, 5 * DAY + 1) is None
+    assert "daily loss" in (risk.breach(899.0, 5 * DAY + 2) or "")
+    # A new UTC day resets the day's reference but not the session's peak.
+    fresh = RiskLimits(RiskConfig(max_daily_loss=100.0, max_drawdown=150.0))
+    fresh.start(1000.0, 5 * DAY)
+    assert fresh.breach(1100.0, 5 * DAY + 1) is None
+    assert fresh.breach(1000.0, 6 * DAY) is None  # new day starts at 1000
+    assert "drawdown" in (fresh.breach(945.0, 6 * DAY + 1) or "")
+
+
+def test_halts_latch_until_resume_and_conditions_clear_themselves() -> None:
+    halts = Halts()
+    assert not halts
+    halts.set("database", "down")
+    halts.set("risk", "loss")
+    assert halts and "database: down" in halts.describe()
+    assert halts.resume() == ["risk"]
+    assert list(halts.active) == ["database"]
+    assert halts.clear("database") and not halts
+
+
+async def _scheduler(
+    tmp_path: Path, script: str, timeout_s: float = 30.0
+) -> tuple[RetrainScheduler, list[RetrainResult]]:
+    results: list[RetrainResult] = []
+    code = tmp_path / "job.py"
+    code.write_text(script, encoding="utf-8")
+    config = ScheduleConfig(cron="0 3 * * *", timeout_s=timeout_s)
+    return RetrainScheduler(config, [sys.executable, str(code)], results.append), results
+
+
+async def test_retrain_success_failure_and_timeout_are_reported_not_raised(tmp_path: Path) -> None:
+    ok, results = await _scheduler(tmp_path, "print('promoted')")
+    assert (await ok.trigger()).outcome == "ok" and "promoted" in results[0].tail
+    failed, results = await _scheduler(tmp_path, "import sys; sys.exit(3)")
+    result = await failed.trigger()
+    assert (result.outcome, result.returncode) == ("failed", 3)
+    slow, results = await _scheduler(tmp_path, "import time; time.sleep(60)", timeout_s=0.5)
+    assert (await slow.trigger()).outcome == "timeout"
+    assert not slow.busy
+
+
+async def test_at_most_one_retrain_at_a_time(tmp_path: Path) -> None:
+    scheduler, results = await _scheduler(tmp_path, "import time; time.sleep(1.0)")
+    first = asyncio.create_task(scheduler.trigger())
+    await asyncio.sleep(0.2)
+    assert scheduler.busy
+    assert (await scheduler.trigger()).outcome == "skipped"
+    assert (await first).outcome == "ok"
+    assert [r.outcome for r in results] == ["skipped", "ok"]
+
+
+async def test_cron_schedule_starts_and_stops_inside_the_loop(tmp_path: Path) -> None:
+    scheduler, _ = await _scheduler(tmp_path, "pass")
+    scheduler.start()
+    await scheduler.stop()
+    bad = RetrainScheduler(ScheduleConfig(cron="61 * * * *"), ["true"], lambda r: None)
+    with pytest.raises(AgentError, match=r"schedule\.cron"):
+        bad.start()
+
+
+def test_default_retrain_command() -> None:
+    cmd = default_command("config/paper.toml")
+    assert cmd[1:] == ["-m", "agent.cli", "--config", "config/paper.toml", "train", "--promote"]
+
+
+def test_metrics_are_served_on_localhost() -> None:
+    metrics = DaemonMetrics()
+    metrics.decision_latency.observe(0.0012)
+    metrics.orders.labels(instrument="ES", side="buy").inc()
+    metrics.set_model("ab" * 32)
+    metrics.set_model("cd" * 32)
+    metrics.serve("127.0.0.1", 0)
+    try:
+        port = metrics._server.server_address[1]
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        metrics.close()
+    assert 'tradeagent_orders_total{instrument="ES",side="buy"} 1.0' in body
+    assert "tradeagent_decision_latency_seconds_bucket" in body
+    assert f'sha256="{"cd" * 32}"' in body and f'sha256="{"ab" * 32}"' not in body
+
+
+async def test_telemetry_publishes_json_by_topic(tmp_path: Path) -> None:
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tmp_path / 'run' / 'telemetry.sock'}"
+    telemetry = Telemetry(ctx, endpoint)
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(b"fill")
+    sub.connect(endpoint)
+    try:
+        got: list[bytes] = []
+        for _ in range(100):  # a late joiner misses early messages: publish until one arrives
+            telemetry.publish("decision", {"x": 0})
+            telemetry.publish("fill", {"qty": 2})
+            if await sub.poll(20):
+                got = await sub.recv_multipart()
+                break
+        assert got[0] == b"fill" and msgspec.json.decode(got[1]) == {"qty": 2}
+    finally:
+        sub.close(linger=0)
+        telemetry.close()
+        ctx.destroy(linger=0)
+
+
+def test_configuration_errors_name_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    for text, key in (
+        ("[risk]\nmax_daily_loss = -1.0\n", "risk"),
+        ('[schedule]\ncron = "every night"\n', "schedule"),
+        ('[control]\nendpoint = "tcp://0.0.0.0:5555"\n', "control"),
+        ("[broker]\nlatency_ms = -2.0\n", "broker"),
+        ("[daemon]\ndecision_queue = 0\n", "daemon"),
+    ):
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ConfigError, match=key):
+            load_config(path, env={})
