@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.demo-installed: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -e '.[demo]'
 	touch $@
 
 $(VENV)/.dev-installed: $(BIN)/python pyproject.toml
