@@ -156,3 +156,10 @@ def test_configuration_errors_name_the_key(tmp_path: Path) -> None:
         path.write_text(text, encoding="utf-8")
         with pytest.raises(ConfigError, match=key):
             load_config(path, env={})
+
+
+@pytest.mark.parametrize("name", ["paper", "live"])
+def test_shipped_profiles_load(name: str) -> None:
+    config = load_config(Path(__file__).resolve().parents[2] / "config" / f"{name}.toml", env={})
+    assert config.daemon.mode == name
+    assert config.broker.mode == ("paper" if name == "paper" else "gateway")
