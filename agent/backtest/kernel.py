@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from threadpoolctl import threadpool_limits
 
 from agent.backtest.errors import BacktestError
 from agent.gpu.backend import DeviceKind, select_backend
@@ -122,13 +123,25 @@ class ModelDecider:
         policy: PolicyConfig,
         tick_values: Sequence[float],
         device: DeviceKind,
+        *,
         max_batch: int,
+        cpu_threads: int = 1,
     ) -> None:
+        backend = select_backend(device)
+        # On the CPU the model's small matrices run fastest on one BLAS thread (and a thread pool
+        # per core oversubscribes a busy machine): the trainer's ``train.cpu_threads`` setting,
+        # held for the engine's life.
+        self._limits = (
+            threadpool_limits(limits=cpu_threads, user_api="blas")
+            if not backend.is_cuda and cpu_threads > 0
+            else None
+        )
         try:
             self.engine = InferenceEngine(
-                checkpoint, policy, tick_values, backend=select_backend(device), max_batch=max_batch
+                checkpoint, policy, tick_values, backend=backend, max_batch=max_batch
             )
         except GpuError as exc:
+            self.close_limits()
             raise BacktestError(f"checkpoint {checkpoint.sha256[:12]} cannot be served: {exc}") from None
 
     def decide(
@@ -144,6 +157,13 @@ class ModelDecider:
 
     def close(self) -> None:
         self.engine.close()
+        self.close_limits()
+
+    def close_limits(self) -> None:
+        """Give the BLAS thread pools their previous sizes back."""
+        if self._limits is not None:
+            self._limits.restore_original_limits()
+            self._limits = None
 
     @property
     def window(self) -> int:

@@ -206,6 +206,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
             [v for v in tick_values for _ in range(chunks)],
             config.device,
             max_batch=len(specs) * chunks,
+            cpu_threads=config.train.cpu_threads,
         )
         progress.start("fast", 100)
         done = [0]
@@ -308,7 +309,12 @@ def _event(
 ) -> tuple[DecisionLog, FillList, np.ndarray[Any, Any], float, str, dict[str, int], list[BarFrame]]:
     """The event-driven run with its throwaway SQLite ledger (deleted afterwards)."""
     decider = ModelDecider(
-        checkpoint, config.policy, [s.tick_value for s in specs], config.device, max_batch=len(specs)
+        checkpoint,
+        config.policy,
+        [s.tick_value for s in specs],
+        config.device,
+        max_batch=len(specs),
+        cpu_threads=config.train.cpu_threads,
     )
     # The throwaway ledger lives in memory-backed storage where there is one: its commits are
     # real transactions, but an fsync there costs nothing (the file is deleted afterwards).

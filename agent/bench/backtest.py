@@ -91,6 +91,7 @@ def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tu
         [s.tick_value for s in specs for _ in range(chunks)],
         config.device,
         max_batch=len(specs) * chunks,
+        cpu_threads=config.train.cpu_threads,
     )
     try:
         log, _, _ = run_fast(bars, specs, config, decider, regimes, chunks=chunks)
@@ -105,7 +106,12 @@ def _event(path: Path, config: Config, checkpoint: Checkpoint) -> tuple[float, i
     shm = Path("/dev/shm")
     scratch = Path(tempfile.mkdtemp(prefix="tradeagent-bench-", dir=shm if shm.is_dir() else None))
     decider = ModelDecider(
-        checkpoint, config.policy, [s.tick_value for s in specs], config.device, len(specs)
+        checkpoint,
+        config.policy,
+        [s.tick_value for s in specs],
+        config.device,
+        max_batch=len(specs),
+        cpu_threads=config.train.cpu_threads,
     )
     try:
         database = open_database(StorageConfig(sqlite_synchronous="normal"), scratch)
