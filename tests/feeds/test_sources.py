@@ -9,12 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from feeds.dbn import StreamDecoder, read_mbp10
 from feeds.errors import DBNFormatError, FeedError
 from feeds.sources import (
     HealthEvent,
     HealthKind,
+    NatsSource,
     QueuedSource,
     RecordBatch,
     ReplaySource,
@@ -228,3 +231,33 @@ def test_sequence_tracker_measures_gaps_and_repeats() -> None:
 def test_read_back_helper_agrees_with_the_writer(tmp_path: Path) -> None:
     records = feed_records(100)
     assert read_mbp10(write_feed(tmp_path / "f.dbn", records)).tobytes() == records.tobytes()
+
+
+_FUZZ_BASE = feed_records(3)[:4].tobytes()  # four real MBP-10 records (ES, NQ interleaved)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cut=st.integers(0, len(_FUZZ_BASE)),
+    flips=st.lists(st.tuples(st.integers(0, len(_FUZZ_BASE) - 1), st.integers(0, 255)), max_size=8),
+    junk=st.binary(max_size=64),
+)
+def test_nats_message_boundary_never_raises_and_counts_every_bad_message(
+    cut: int, flips: list[tuple[int, int]], junk: bytes
+) -> None:
+    data = bytearray(_FUZZ_BASE)
+    for index, value in flips:
+        data[index] = value
+    payload = bytes(data[:cut]) + junk
+    source = NatsSource(url="nats://127.0.0.1:1", dataset="GLBX.MDP3")  # never started: no I/O
+    source._take("md.mbp10.GLBX-MDP3.ES", payload, {"Md-Seq": "x", "Md-Batch": junk.hex()}, None)
+    counters = source.counters
+    assert counters.messages == 1
+    queued = [item for item in source._items if isinstance(item, RecordBatch)]
+    assert counters.rejected_messages + len(queued) <= 1
+    if counters.rejected_messages:
+        assert counters.rejected_bytes == len(payload)
+        assert [e.kind for e in source._items if isinstance(e, HealthEvent)] == [HealthKind.REJECTED]
+    for batch in queued:  # whatever passed is well-framed MBP-10, never garbage
+        assert (batch.records["length"] == 92).all()
+        assert (batch.records["rtype"] == 0x0A).all()
