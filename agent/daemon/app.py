@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import zmq.asyncio
+from threadpoolctl import threadpool_limits
 
 from agent.config import Config
 from agent.control.endpoints import control_endpoint, telemetry_endpoint
@@ -161,7 +162,15 @@ class Daemon:
         self._stop.set()
 
     async def run(self) -> int:
-        """Start everything, trade until asked to stop, stop in order; the process exit code."""
+        """Start everything, trade until asked to stop, stop in order; the process exit code.
+
+        BLAS runs on one thread: the decision batches are small matrices (fastest on one core)
+        and the other cores stay free for the feed, the SQL thread and NATS.
+        """
+        with threadpool_limits(limits=1):
+            return await self._run()
+
+    async def _run(self) -> int:
         try:
             await self._start()
         except BaseException:
