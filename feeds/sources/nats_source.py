@@ -21,7 +21,9 @@ Modes (``SourceConfig.nats_mode``):
 ``core``
     Plain subscriptions: lowest latency, at-most-once. Messages published while disconnected are
     lost; the relay's per-subject ``Md-Seq`` header tells exactly how many, reported as a
-    ``GAP`` event carrying the outage interval. A full queue drops batches (counted).
+    ``GAP`` event carrying the outage interval. Messages the client itself drops as a slow
+    consumer (its pending limits) surface the same way, as ``Md-Seq`` gaps. A full queue drops
+    batches (counted, ``DROPPED``).
 
 Every disconnect is reported as ``DISCONNECTED`` and every reconnect as ``RECONNECTED``
 (``disconnected_at_ns``/``reconnected_at_ns``) once the subscriptions are re-established.
