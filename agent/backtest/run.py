@@ -192,7 +192,12 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
     bars = load_bars(request.data, specs, config, start_ns=selection.start_ns, end_ns=selection.end_ns)
     progress.advance("bars")
     frames = [bars.frames[s.symbol] for s in specs]
-    regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, floors))
+    # The regime path feeds the vectorised driver's decisions; the baselines do not read it.
+    regimes = (
+        regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, floors))
+        if request.fast
+        else [np.ones(len(f)) for f in frames]
+    )
     tick_values = [s.tick_value for s in specs]
     n_records = int(bars.records.shape[0])
     ledger_pnl: float | None = None

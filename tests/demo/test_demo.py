@@ -32,7 +32,7 @@ def test_quick_demo_runs_every_step(tmp_path: Path) -> None:
     for key in ("train_report", "backtest_report", "backtest_summary", "database", "paper_config"):
         assert Path(summary[key]).is_file(), key
     backtest = json.loads(Path(summary["backtest_summary"]).read_text())
-    assert backtest["mode"] == "event"
+    assert backtest["mode"] == "fast"
     assert backtest["first_day"] == backtest["last_day"]  # the held-out day only
     assert set(backtest["baselines"]) == {"flat", "random", "long"}
     # the paper daemon took decisions on bars that came through NATS
