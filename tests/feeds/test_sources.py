@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import feeds.sources
 from feeds.dbn import StreamDecoder, read_mbp10
 from feeds.errors import DBNFormatError, FeedError
 from feeds.sources import (
@@ -261,3 +262,26 @@ def test_nats_message_boundary_never_raises_and_counts_every_bad_message(
     for batch in queued:  # whatever passed is well-framed MBP-10, never garbage
         assert (batch.records["length"] == 92).all()
         assert (batch.records["rtype"] == 0x0A).all()
+
+
+def test_the_public_surface_of_feeds_sources_is_pinned() -> None:
+    assert sorted(feeds.sources.__all__) == [
+        "DatabentoLiveSource",
+        "HealthEvent",
+        "HealthKind",
+        "NatsSource",
+        "QueuedSource",
+        "RecordBatch",
+        "ReplaySource",
+        "Source",
+        "SourceCounters",
+        "SourceEvent",
+        "SourceState",
+        "build_source",
+        "config_symbols",
+        "dataset_subjects",
+        "load_api_key",
+        "subject_for",
+        "subject_token",
+    ]
+    assert all(hasattr(feeds.sources, name) for name in feeds.sources.__all__)
