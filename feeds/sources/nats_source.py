@@ -72,8 +72,7 @@ class NatsSource(QueuedSource):
 
     ``ack="receipt"`` acknowledges each fetched batch once its records are queued (a daemon);
     ``ack="manual"`` leaves it to the consumer, which calls :meth:`ack_through` once the records
-    are safe (the recorder, after its file flush). ``skip_through_seq`` makes the consumer skip
-    stream sequences up to and including it (messages the caller already has).
+    are safe (the recorder, after its file flush).
     """
 
     def __init__(
@@ -90,7 +89,6 @@ class NatsSource(QueuedSource):
         max_batches: int = 1024,
         stale_after_s: float = 5.0,
         ack: Literal["receipt", "manual"] = "receipt",
-        skip_through_seq: int = 0,
     ) -> None:
         super().__init__(f"nats:{mode}:{dataset}", max_batches=max_batches, stale_after_s=stale_after_s)
         self.dataset = dataset
@@ -101,7 +99,7 @@ class NatsSource(QueuedSource):
         self._stream_max_age_s = stream_max_age_s
         self._fetch_batch = fetch_batch
         self._ack = ack
-        self.last_stream_seq = skip_through_seq
+        self.last_stream_seq = 0
         """Highest JetStream stream sequence taken in (duplicates at or below it are skipped)."""
         self._session = NatsSession(
             url, f"tradeagent-{self.name}", on_disconnect=self._on_disconnect, on_reconnect=self._on_reconnect
