@@ -18,7 +18,9 @@ Keys:
 ``records_per_s``
     Records the daemon consumed per second of wall time over the run.
 
-Also: ``orders``, ``decisions``, ``bars_dropped`` (stale or overflowing decisions),
+Where the time goes: ``decide_p50_ms``/``decide_p99_ms`` (one batched ``InferenceEngine.decide``)
+and ``ledger_p50_ms``/``ledger_p99_ms`` (the orders' commit to the ledger, which precedes their
+leaving). Also: ``orders``, ``decisions``, ``bars_dropped`` (stale or overflowing decisions),
 ``instruments``, ``seconds``, ``device``.
 """
 
@@ -205,6 +207,8 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
     consumed = source.counters.records
     relay.wait(60)
     latencies = np.array(daemon.latencies_ns, dtype=np.float64) / 1e6
+    decide = np.array(daemon.decide_ns, dtype=np.float64) / 1e6
+    ledger = np.array(daemon.ledger_ns, dtype=np.float64) / 1e6
     counts = dict(daemon.counts)
     daemon.request_stop()
     await task
@@ -213,9 +217,13 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
     if latencies.size == 0:
         raise AgentError("the daemon sent no order during the benchmark; no latency to report")
     return {
-        "p50_ms": round(float(np.percentile(latencies, 50)), 3),
-        "p99_ms": round(float(np.percentile(latencies, 99)), 3),
+        "p50_ms": _pct(latencies, 50),
+        "p99_ms": _pct(latencies, 99),
         "records_per_s": round(consumed / elapsed, 1) if elapsed > 0 else None,
+        "decide_p50_ms": _pct(decide, 50),
+        "decide_p99_ms": _pct(decide, 99),
+        "ledger_p50_ms": _pct(ledger, 50),
+        "ledger_p99_ms": _pct(ledger, 99),
         "orders": int(latencies.size),
         "decisions": counts.get("decisions", 0),
         "bars_dropped": counts.get("dropped_decisions", 0) + counts.get("stale_decisions", 0),
@@ -223,3 +231,7 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
         "seconds": round(elapsed, 2),
         "device": "cpu",
     }
+
+
+def _pct(values: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values.size else None

@@ -40,6 +40,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,10 @@ class Daemon:
         self.session_id = 0
         self.latencies_ns: collections.deque[int] = collections.deque(maxlen=200_000)
         """Bar-closing record arrival -> order sent, per order (the ``bench daemon`` figures)."""
+        self.decide_ns: collections.deque[int] = collections.deque(maxlen=200_000)
+        """Duration of each batched ``decide`` call."""
+        self.ledger_ns: collections.deque[int] = collections.deque(maxlen=200_000)
+        """Duration of each order batch's ledger commit (before the orders leave)."""
         self.counts: collections.Counter[str] = collections.Counter()
         self.marks: dict[int, float] = {}
         """Last mid per instrument, 1e-9 fixed point (for unrealised P&L)."""
@@ -154,6 +159,8 @@ class Daemon:
         self._control: ControlServer | None = None
         self._scheduler: RetrainScheduler | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._probing = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -338,6 +345,11 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self._background:  # journal writes in flight: a short grace, then cancelled
+            _, late = await asyncio.wait(set(self._background), timeout=2.0)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         if self._scheduler is not None:
             await self._scheduler.stop()
         if self._source is not None:
@@ -425,7 +437,7 @@ class Daemon:
             self.metrics.gaps.labels(kind=kind.value).inc()
         log.warning("feed %s: %s", kind.value, event.detail)
         if kind in (HealthKind.GAP, HealthKind.RECONNECTED, HealthKind.DISCONNECTED):
-            await self._event(kind.value, event.detail or kind.value, details={"count": event.count})
+            self._event(kind.value, event.detail or kind.value, details={"count": event.count})
 
     # -- decisions -----------------------------------------------------------------------------
 
@@ -483,6 +495,7 @@ class Daemon:
         if engine is None:
             self.counts["bars_without_model"] += len(batch)
             return
+        started = time.perf_counter_ns()
         try:
             decision = engine.decide(
                 np.asarray(slots),
@@ -494,6 +507,7 @@ class Daemon:
         except InferenceError as exc:
             await self._inference_failed(exc)
             return
+        self.decide_ns.append(time.perf_counter_ns() - started)
         now = time.time_ns()
         stale_ns = int(self.config.daemon.stale_decision_ms * 1e6)
         orders: list[NewOrder] = []
@@ -622,8 +636,9 @@ class Daemon:
             )
             for o in orders
         ]
+        started = time.perf_counter_ns()
         try:
-            await sql.call(sql.ledger.record_orders, rows)
+            await sql.call_orders(sql.ledger.record_orders, rows)
         except DatabaseUnavailable as exc:
             self._set_halt("database", f"orders not recorded: {exc}")
             for o in orders:  # never sent: they are not open anywhere
@@ -631,6 +646,7 @@ class Daemon:
                     Reject(seq=0, client_order_id=o.client_order_id, reason="database", ts_ns=o.ts_ns)
                 )
             return
+        self.ledger_ns.append(time.perf_counter_ns() - started)
         for order, arrival in zip(orders, arrivals, strict=True):
             venue.submit(order)
             sent = time.time_ns()
@@ -651,10 +667,10 @@ class Daemon:
             except AgentError as again:
                 self._set_halt("inference", f"CPU fallback failed: {again}")
                 return
-            await self._event("fallback", f"inference failed ({exc}); now on the CPU")
+            self._event("fallback", f"inference failed ({exc}); now on the CPU")
             return
         self._set_halt("inference", str(exc))
-        await self._event("halt", f"inference failure: {exc}", details={"kind": "inference"})
+        self._event("halt", f"inference failure: {exc}", details={"kind": "inference"})
 
     # -- reports -------------------------------------------------------------------------------
 
@@ -676,7 +692,7 @@ class Daemon:
                     continue
                 if self.halts.clear("database"):
                     log.info("database back: orders resume")
-                    await self._event("resume", "database available again", details={"kind": "database"})
+                    self._event("resume", "database available again", details={"kind": "database"})
 
     async def _persist_next(self) -> None:
         """Persist the reports at the head of the queue, then apply them (fills batched)."""
@@ -711,6 +727,13 @@ class Daemon:
                     self._count_fill(fill)
                 else:
                     self.counts["duplicate_fills"] += 1
+            return
+        if isinstance(head, Ack) and any(
+            isinstance(r, Fill) and r.client_order_id == head.client_order_id for r in self._reports
+        ):
+            # The fill right behind it records the order's state; the ack needs no transaction.
+            self._reports.popleft()
+            self.orders.apply(head)
             return
         status: OrderStatus = _STATUS[type(head)]
         reason = getattr(head, "reason", None)
@@ -759,6 +782,9 @@ class Daemon:
                 if self._venue is not None:
                     self._venue.advance(feed_now)
             self._check_venue(now)
+            if "database" in self.halts.active and not self._probing:
+                self._probing = True
+                self._spawn(self._check_database())
             await self._check_pnl(now)
             if self._flattening:
                 self._flatten_step()
@@ -766,6 +792,28 @@ class Daemon:
             if self._feed_ok and not (self._tasks and self._tasks[0].done()):
                 self.notifier.watchdog()
             self.notifier.status(self._status_line())
+
+    async def _check_database(self) -> None:
+        """Clear a ``database`` halt when the database answers again and no report waits (with
+        reports waiting, their successful persistence clears it)."""
+        sql = self._sql
+        try:
+            if sql is None or self._reports:
+                return
+            try:  # the probe is a write (reads may succeed while writes are locked out)
+                await sql.call(
+                    sql.journal.record_event,
+                    "resume",
+                    "database available again",
+                    session_id=self.session_id,
+                    details={"kind": "database"},
+                )
+            except StorageError:
+                return
+            if self.halts.clear("database"):
+                log.info("database back: orders resume")
+        finally:
+            self._probing = False
 
     def _feed_now(self) -> int:
         """The feed clock extrapolated with the wall clock since the last record: equal to the
@@ -794,7 +842,7 @@ class Daemon:
         if breach and "risk" not in self.halts.active:
             log.error("risk limit breached: %s; flattening and halting", breach)
             self._set_halt("risk", breach)
-            await self._event("halt", breach, details={"kind": "risk"})
+            self._event("halt", breach, details={"kind": "risk"})
             self._flattening = True
             self._flatten_step()
 
@@ -811,19 +859,30 @@ class Daemon:
             log.error("new orders halted (%s): %s", kind, reason)
             self.metrics.halted.set(1)
 
-    async def _event(self, kind: str, message: str, *, details: dict[str, Any] | None = None) -> None:
-        """Journal an event; a database outage only logs it (the outage is handled elsewhere)."""
-        sql = self._sql
+    def _event(self, kind: str, message: str, *, details: dict[str, Any] | None = None) -> None:
+        """Publish an event and journal it in the background: a slow or unavailable database
+        never holds up the caller (a failed journal write is logged; the outage is handled by
+        the ledger paths)."""
         if self._telemetry is not None:
             self._telemetry.publish("event", {"kind": kind, "message": message, **(details or {})})
-        if sql is None:
-            return
+        if self._sql is not None:
+            self._spawn(self._journal(kind, message, details))
+
+    async def _journal(self, kind: str, message: str, details: dict[str, Any] | None) -> None:
+        sql = self._sql
+        assert sql is not None
         try:
             await sql.call(
                 sql.journal.record_event, kind, message, session_id=self.session_id, details=details
             )
         except StorageError as exc:
             log.warning("event %s not journaled: %s", kind, exc)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a tracked background task (awaited, bounded, at shutdown)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- orders maintenance --------------------------------------------------------------------
 
@@ -862,7 +921,7 @@ class Daemon:
             )
             for iid, q in positions.items()
         ]
-        asyncio.get_running_loop().create_task(self._send(orders, [time.time_ns()] * len(orders)))
+        self._spawn(self._send(orders, [time.time_ns()] * len(orders)))
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -873,15 +932,15 @@ class Daemon:
         if command == "halt":
             reason = request.args.get("reason", "operator")
             self.halts.set("operator", reason)
-            await self._event("halt", reason, details={"kind": "operator"})
+            self._event("halt", reason, details={"kind": "operator"})
             return {"halted": True, "halts": dict(self.halts.active)}
         if command == "resume":
             cleared = self.halts.resume()
-            await self._event("resume", "operator resume", details={"cleared": cleared})
+            self._event("resume", "operator resume", details={"cleared": cleared})
             return {"cleared": cleared, "halts": dict(self.halts.active)}
         if command == "flatten":
             self.halts.set("operator", "flatten")
-            await self._event("halt", "flatten", details={"kind": "operator"})
+            self._event("halt", "flatten", details={"kind": "operator"})
             self._flattening = True
             self._flatten_step()
             return {"flattening": True, "positions": self._named_positions()}
@@ -899,9 +958,7 @@ class Daemon:
                 try:  # verify before the registry says it is promoted
                     await asyncio.to_thread(models.fetch, sha)
                 except ModelRefused as exc:
-                    await self._event(
-                        "swap_refused", str(exc), details={"sha256": sha, "serving": models.sha256}
-                    )
+                    self._event("swap_refused", str(exc), details={"sha256": sha, "serving": models.sha256})
                     raise ControlRefused(f"{exc}; still serving {models.sha256[:12] or 'no model'}") from None
                 if record.status == "candidate":
                     record = await sql.call(
@@ -936,20 +993,18 @@ class Daemon:
         try:
             changed = await models.activate(sha)
         except ModelRefused as exc:
-            await self._event("swap_refused", str(exc), details={"sha256": sha, "serving": previous})
+            self._event("swap_refused", str(exc), details={"sha256": sha, "serving": previous})
             raise ControlRefused(f"{exc}; still serving {previous[:12] or 'no model'}") from None
         if changed:
             self.halts.clear("model")
             self.metrics.set_model(sha)
-            await self._event(
-                "swap", f"model {sha[:12]} serving", details={"sha256": sha, "previous": previous}
-            )
+            self._event("swap", f"model {sha[:12]} serving", details={"sha256": sha, "previous": previous})
         return {"serving": sha, "previous": previous, "swapped": changed}
 
     def _on_retrain(self, result: RetrainResult) -> None:
         self.counts[f"retrain_{result.outcome}"] += 1
         if result.outcome == "ok" and not self._stop.is_set():
-            asyncio.get_running_loop().create_task(self._reload_after_retrain())
+            self._spawn(self._reload_after_retrain())
 
     async def _reload_after_retrain(self) -> None:
         try:

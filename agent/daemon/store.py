@@ -1,9 +1,12 @@
 """The daemon's access to SQL: every call on one dedicated worker thread.
 
 The storage repositories block (SQLAlchemy, synchronous drivers), so the event loop hands
-each call to a single-thread executor: calls run one at a time in submission order (fills are
-recorded in the order they were received) and never stall the feed. ``DatabaseUnavailable``
-(including ``FillsNotPersisted``) reaches the caller, which halts new orders and retries.
+each call to a single-thread executor and never stalls the feed. Two lanes, each one thread
+with calls in submission order: ``orders`` (the commit that precedes an order leaving: on the
+latency path, so it never queues behind report persistence) and ``reports`` (fills, order
+updates, events: in the order they were received). An order's commit completes before the order
+is sent, so no report of it can overtake it. ``DatabaseUnavailable`` (including
+``FillsNotPersisted``) reaches the caller, which halts new orders and retries.
 """
 
 from __future__ import annotations
@@ -35,12 +38,21 @@ class SqlWorker:
         self.instruments = Instruments(database)
         self.checkpoints = CheckpointStore.for_data_dir(data_dir)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sql")
+        self._orders_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="sql-orders"
+        )
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn(*args, **kwargs)`` on the SQL thread and await its result."""
+        """Run ``fn(*args, **kwargs)`` on the reports lane and await its result."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
+    async def call_orders(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args, **kwargs)`` on the orders lane and await its result."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._orders_pool, functools.partial(fn, *args, **kwargs))
+
     def close(self) -> None:
+        self._orders_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         self.database.close()
