@@ -1,8 +1,8 @@
 """The vectorised backtest driver: bars from the vectorised feature path, windows in lockstep.
 
-1. All records of the window are read at once (:func:`feeds.dbn.read_mbp10`) and reduced to bars
-   and causal features by :func:`feeds.features.compute_all` (bit-identical to the daemon's
-   incremental path).
+1. All records of the window are read into one array, in the order the replay source yields them
+   (:func:`feeds.dbn.iter_mbp10`), and reduced to bars and causal features by
+   :func:`feeds.features.compute_all` (bit-identical to the daemon's incremental path).
 2. The regime scale of every bar is stepped with the daemon's :class:`RegimeTracker`.
 3. Each instrument's bars are cut into ``chunks`` contiguous spans; every span is one engine
    slot and all spans step in lockstep, one batched decision per step. A span after the first
@@ -36,9 +36,9 @@ from agent.execution.fills import Ledger, apply_fills, fees, walk_book
 from agent.policy.regime import RegimeTracker
 from feeds.book import tick_fixed
 from feeds.config import InstrumentSpec
-from feeds.dbn import read_mbp10
+from feeds.dbn import iter_mbp10
 from feeds.features import FEATURE_NAMES, BarFrame, compute_all
-from feeds.records import LEVELS, PRICE_SCALE
+from feeds.records import LEVELS, MBP10_DTYPE, PRICE_SCALE
 
 __all__ = ["BarSet", "FillList", "load_bars", "marks_of", "regime_path", "run_fast"]
 
@@ -63,7 +63,7 @@ def load_bars(
     path: str | Path, specs: Sequence[InstrumentSpec], config: Config, start_ns: int, end_ns: int
 ) -> BarSet:
     """Bars and features of ``specs`` from the records of ``path`` in ``[start_ns, end_ns)``."""
-    records = read_mbp10(path, start_ns=start_ns, end_ns=end_ns)
+    records = _read_window(path, start_ns, end_ns)
     if records.shape[0] == 0:
         raise BacktestError(f"{path}: no MBP-10 records between the selected dates")
     result = compute_all(records, specs, config.feeds.bars, config.feeds.health)
@@ -76,6 +76,19 @@ def load_bars(
         rejected_records=result.rejected_records,
         health_episodes={k: len(m.episodes) for k, m in result.monitors.items()},
     )
+
+
+def _read_window(path: str | Path, start_ns: int, end_ns: int) -> np.ndarray[Any, Any]:
+    """The records of ``[start_ns, end_ns)`` in feed order (as the replay source yields them), in
+    one array allocated once: a counting pass first, so the peak memory is the array itself."""
+    chunks = 1 << 20
+    total = sum(len(c) for c in iter_mbp10(path, chunk_records=chunks, start_ns=start_ns, end_ns=end_ns))
+    out = np.empty(total, dtype=MBP10_DTYPE)
+    pos = 0
+    for chunk in iter_mbp10(path, chunk_records=chunks, start_ns=start_ns, end_ns=end_ns):
+        out[pos : pos + len(chunk)] = chunk
+        pos += len(chunk)
+    return out[:pos]
 
 
 def marks_of(frame: BarFrame) -> np.ndarray[Any, Any]:

@@ -114,7 +114,7 @@ def render_backtest(result: BacktestResult) -> str:
             "Kelly size of each decision, signed by direction",
             size_series,
             x_label="time (UTC)",
-            y_label="fraction of max_contracts",
+            y_label="clip(c * f*, 0, 1)",
             x_dates=True,
         )
     )
