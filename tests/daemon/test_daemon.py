@@ -276,3 +276,24 @@ async def test_inference_failure_halts_new_orders_and_keeps_state(
             assert daemon.state == "running"
             assert not any("fell back" in r.getMessage() for r in caplog.records)
     assert _count_fills(config) == daemon.counts["fills"]
+
+
+async def test_flatten_and_a_persisted_operator_halt(tmp_path: Path) -> None:
+    feed = tmp_path / "synth"
+    synth_feed(feed)
+    config = _setup(tmp_path, _replay(feed, pace=20.0))
+    client = ControlClient(control_endpoint(config.control, config.data_dir), timeout_s=10.0)
+    async with running(config) as daemon:
+        await wait_for(lambda: any(daemon.portfolio.positions().values()), 30)
+        reply = await asyncio.to_thread(client.request, "flatten")
+        assert reply["flattening"] is True
+        await wait_for(lambda: not any(daemon.portfolio.positions().values()) and not daemon._flattening, 30)
+        orders = daemon.counts["orders"]
+        await asyncio.sleep(1.0)
+        assert daemon.counts["orders"] == orders and "operator" in daemon.halts.active
+        await wait_for(lambda: not daemon._background, 10)  # the halt event is journaled
+    # The operator halt survives a restart until `ctl resume`.
+    async with running(config) as daemon:
+        assert "operator" in daemon.halts.active
+        reply = await asyncio.to_thread(client.request, "resume")
+        assert reply["cleared"] == ["operator"] and reply["halts"] == {}
