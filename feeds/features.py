@@ -3,18 +3,21 @@
 Both paths reduce a bar's records to the same *sufficient statistics*, all integers (per-level
 order-flow imbalance, signed and total traded volume, trade count, records, unhealthy records,
 the sum of squared mid steps in half-ticks) plus the book at the close, and turn them into
-features with one function, :func:`_finalise` (and :func:`_book_values`). The record rules are
+features with one function over arrays of closed bars, :func:`_bar_frame`. The record rules are
 shared the same way: :func:`feeds.health.fault_mask` and :func:`ofi_price_term` are written once
 over operands that are Python ints (one record) or int64 arrays (many).
 
-* :func:`compute_bars` (replay, training) evaluates them over arrays, a group of whole bars of
-  about :data:`_CHUNK_RECORDS` records at a time (a small carry links the groups);
+* :func:`compute_bars` / :func:`compute_all` (replay, training) evaluate them over arrays, a
+  group of whole bars of about :data:`_GROUP_RECORDS` records at a time (a small carry links
+  the groups); :class:`FeatureStream` and :func:`compute_file` do the same over records that
+  arrive in chunks (a file read in bounded memory), holding the open bar's records back;
 * :class:`IncrementalBars` (live) unpacks each raw record once and updates the open bar's
-  statistics in plain Python; at the close it calls :func:`_finalise` on scalars.
+  statistics in plain Python; the bars that one call closes go through :func:`_bar_frame`
+  together.
 
-Integers are exact and NumPy's ``log``/``sin``/``cos`` give the same bits on scalars and arrays,
-so the features are identical on both paths (tests/feeds/test_features_parity.py checks every
-column bit for bit, on random, faulty, synthetic and official data).
+Integers are exact and the features come from the same array code on both paths, so they are
+identical bit for bit (tests/feeds/test_features_parity.py checks every column, on random,
+faulty, synthetic and official data).
 
 Causality: the features of the bar closing at ``close(t)`` use only the records in
 ``(close(t-1), close(t)]`` (see :mod:`feeds.bars`) and the book at ``close(t)`` (the levels of
@@ -42,6 +45,7 @@ import itertools
 import math
 import struct
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +53,8 @@ import numpy as np
 from feeds.bars import BarClock, BarPlan, plan_bars
 from feeds.book import BookSnapshot, level_arrays, tick_fixed
 from feeds.config import BarConfig, HealthConfig, InstrumentSpec
+from feeds.dbn.framing import mbp10_header_ok, take_mbp10
+from feeds.dbn.reader import iter_mbp10
 from feeds.errors import FeedError, UnknownInstrument
 from feeds.health import (
     RECORD_FAULTS,
@@ -73,12 +79,15 @@ from feeds.records import (
 __all__ = [
     "BOOK_INTS",
     "FEATURE_NAMES",
+    "FILE_CHUNK_RECORDS",
     "BarFrame",
     "FeatureSet",
+    "FeatureStream",
     "IncrementalBars",
     "IncrementalFeatures",
     "compute_all",
     "compute_bars",
+    "compute_file",
     "ofi_price_term",
 ]
 
@@ -264,7 +273,7 @@ def _bar_ofi(
     levels: list[np.ndarray] = []
     values: list[np.ndarray] = []
     for cols, is_bid in ((_BID_PX, True), (_ASK_PX, False)):
-        px = words[:, cols[0] : cols[-1] + 1 : 4].copy()
+        px = words[:, cols[0] : cols[-1] + 1 : 4]  # (n, LEVELS) strided view
         flat = np.flatnonzero(px[1:] != px[:-1])
         rows, lev = flat // LEVELS + 1, flat % LEVELS
         if carried is not None:
@@ -273,7 +282,7 @@ def _bar_ofi(
             lev = np.concatenate((lev0, lev))
         keep = pair_ok[rows]
         rows, lev = rows[keep], lev[keep]
-        p1 = px[rows, lev]
+        p1 = words[rows, cols[lev]]
         p0 = _prev_words(words, carried, rows, cols[lev])
         s1 = words[rows, _SIZES[lev]]
         s0 = _prev_words(words, carried, rows, _SIZES[lev])
@@ -317,35 +326,6 @@ def ofi_price_term(p1: Any, p0: Any, q1: Any, q0: Any, *, bid: bool) -> Any:
     return (p1 > p0) * q1 - (p1 < p0) * q0
 
 
-class _ScalarOps:
-    """Operations of :func:`_book_values` and :func:`_finalise` on Python scalars (one bar).
-
-    NumPy's ``log``/``sin``/``cos``/``log1p`` are used on both paths: on scalars they run the
-    same inner loops as on arrays, so both paths agree bit for bit (``math.log`` may not: NumPy
-    has its own SIMD logarithm)."""
-
-    log = staticmethod(np.log)
-    log1p = staticmethod(np.log1p)
-    sin = staticmethod(np.sin)
-    cos = staticmethod(np.cos)
-
-    @staticmethod
-    def where(cond: Any, a: Any, b: Any) -> Any:
-        return a if cond else b
-
-
-class _ArrayOps:
-    """The same operations on arrays (many bars)."""
-
-    log = staticmethod(np.log)
-    log1p = staticmethod(np.log1p)
-    sin = staticmethod(np.sin)
-    cos = staticmethod(np.cos)
-    where = staticmethod(np.where)
-
-
-_Ops = Any  # type[_ScalarOps] | type[_ArrayOps]: duck-typed, since operands are ints or arrays
-
 BOOK_INTS: tuple[str, ...] = (
     "bid",
     "ask",
@@ -359,8 +339,8 @@ sizes summed over levels 1..k (contracts); all zero before the first healthy rec
 _DEPTH_LEVELS = (1, 3, 5, 10)
 
 
-def _book_values(book: Any, tick: int, ops: _Ops) -> dict[str, Any]:
-    """Book features at a close from :data:`BOOK_INTS` values (ints, or int64 arrays).
+def _book_values(book: np.ndarray, tick: int) -> dict[str, np.ndarray]:
+    """Book features at ``n`` closes from :data:`BOOK_INTS` values, int64 ``(len(BOOK_INTS), n)``.
 
     ``spread_ticks = (a - b) / tick``; ``microprice_offset_ticks`` = (microprice - mid) / tick =
     ``spread_ticks * (qb - qa) / (2 (qb + qa))`` (microprice ``(b qa + a qb) / (qa + qb)``);
@@ -372,56 +352,85 @@ def _book_values(book: Any, tick: int, ops: _Ops) -> dict[str, Any]:
     out = {
         "mid_ticks": (bid + ask) / (2 * tick),
         "spread_ticks": spread,
-        "microprice_offset_ticks": spread * (qb - qa) / (2 * ops.where(top > 0, top, 1)),
+        "microprice_offset_ticks": spread * (qb - qa) / (2 * np.where(top > 0, top, 1)),
         "bid_price": bid / PRICE_SCALE,
         "ask_price": ask / PRICE_SCALE,
         "mid_price": (bid + ask) / (2 * PRICE_SCALE),
-        "log_depth_bid_l10": ops.log1p(book[7] * 1.0),  # float in: NumPy's scalar path is 6x faster
-        "log_depth_ask_l10": ops.log1p(book[11] * 1.0),
+        "log_depth_bid_l10": np.log1p(book[7].astype(np.float64)),
+        "log_depth_ask_l10": np.log1p(book[11].astype(np.float64)),
     }
     for i, k in enumerate(_DEPTH_LEVELS):
         b_k, a_k = book[4 + i], book[8 + i]
         total = b_k + a_k
-        out[f"depth_imbalance_l{k}"] = (b_k - a_k) / ops.where(total > 0, total, 1)
+        out[f"depth_imbalance_l{k}"] = (b_k - a_k) / np.where(total > 0, total, 1)
     return out
 
 
-def _finalise(
+def _bar_frame(
+    spec: InstrumentSpec,
     *,
-    mid2: Any,
-    mid2_before: Any,
-    close_ts: Any,
-    close_ts_before: Any,
-    book_values: dict[str, Any],
-    signed_volume: Any,
-    volume: Any,
-    trades: Any,
-    records: Any,
-    rv_half_ticks2: Any,
-    tick: int,
-    ops: _Ops,
-) -> dict[str, Any]:
-    """Every feature but the per-level OFI from a bar's sufficient statistics, for one bar
-    (Python scalars) or many (arrays): the one definition both paths use.
+    close_ts: np.ndarray,
+    close_ts_before: np.ndarray,
+    mid2: np.ndarray,
+    mid2_before: np.ndarray,
+    book: np.ndarray,
+    signed_volume: np.ndarray,
+    volume: np.ndarray,
+    trades: np.ndarray,
+    rv_half_ticks2: np.ndarray,
+    ofi: np.ndarray,
+    n_records: np.ndarray,
+    close_index: np.ndarray,
+    tradable: np.ndarray,
+) -> BarFrame:
+    """The :class:`BarFrame` of ``n`` closed bars from their sufficient statistics: the one
+    definition of every feature, used by both paths (the incremental path hands over the bars
+    that one batch of records closed).
 
-    ``mid2``/``mid2_before``: best bid + best ask (fixed point) of the last healthy record at
-    this close and at the previous one (0: none yet); ``book_values``: :func:`_book_values` of the
-    book at the close; ``rv_half_ticks2``: sum over the bar of the squared record-to-record
-    change of ``mid2`` in ticks (twice the mid in ticks)."""
+    All inputs are int64 ``(n,)`` unless said otherwise. ``close_ts``/``close_ts_before``: this
+    close and the previous one (UNIX ns; the first bar passes its own close); ``mid2``/
+    ``mid2_before``: best bid + best ask (fixed point) of the last healthy record at this close
+    and at the previous one (0: none yet); ``book``: :data:`BOOK_INTS` at the close,
+    ``(n, len(BOOK_INTS))``; ``rv_half_ticks2``: sum over the bar of the squared
+    record-to-record change of ``mid2`` in ticks (twice the mid in ticks); ``ofi``: ``(n,
+    LEVELS)`` contracts; ``tradable``: bool."""
+    tick = tick_fixed(spec.tick_size)
     ok = (mid2 > 0) & (mid2_before > 0)
     angle = (close_ts % _DAY_NS) * (_TWO_PI / _DAY_NS)
-    return book_values | {
-        "mid_logret": ops.log(ops.where(ok, mid2, 1) / ops.where(ok, mid2_before, 1)),
-        "mid_change_ticks": ops.where(ok, mid2 - mid2_before, 0) / (2 * tick),
+    values = _book_values(book.T, tick) | {
+        "mid_logret": np.log(np.where(ok, mid2, 1) / np.where(ok, mid2_before, 1)),
+        "mid_change_ticks": np.where(ok, mid2 - mid2_before, 0) / (2 * tick),
         "trade_volume_signed": signed_volume,
         "trade_volume": volume,
         "trade_count": trades,
         "realized_var_ticks2": rv_half_ticks2 / 4,
-        "update_count": records,
+        "update_count": n_records,
         "bar_seconds": (close_ts - close_ts_before) / 1e9,
-        "tod_sin": ops.sin(angle),
-        "tod_cos": ops.cos(angle),
+        "tod_sin": np.sin(angle),
+        "tod_cos": np.cos(angle),
     }
+    feats = np.empty((close_ts.shape[0], _F), np.float32)
+    for name, col in _COL.items():
+        if name in values:
+            feats[:, col] = values[name]
+    feats[:, _OFI_COL : _OFI_COL + LEVELS] = ofi
+    feats[:, _COL["ofi_total"]] = ofi.sum(axis=1)
+    return BarFrame(
+        instrument_id=spec.instrument_id,
+        symbol=spec.symbol,
+        ts_close=close_ts,
+        features=feats,
+        mid_ticks=values["mid_ticks"],
+        mid_price=values["mid_price"],
+        spread_ticks=values["spread_ticks"],
+        bid_price=values["bid_price"],
+        ask_price=values["ask_price"],
+        bid_size=book[:, 2].copy(),
+        ask_size=book[:, 3].copy(),
+        close_index=close_index,
+        n_records=n_records,
+        tradable=tradable,
+    )
 
 
 def _kernel(
@@ -432,11 +441,11 @@ def _kernel(
     spec: InstrumentSpec,
     health: HealthConfig,
     monitor: HealthMonitor,
-    index_base: np.ndarray | int,
+    index_base: np.ndarray,
 ) -> tuple[BarFrame, _Carry]:
     """The vectorised path: features of the bars of ``plan`` over ``records`` (one instrument,
     exactly the records of those bars, in arrival order, contiguous). ``index_base`` maps local
-    record indices to ``close_index`` (an int offset or an int64 ``(n,)`` position array).
+    record indices to ``close_index`` (int64 ``(n,)``, positions in the stream).
     Returns the frame and the carry for the next group of bars."""
     tick = tick_fixed(spec.tick_size)
     stale_ns = round(health.stale_after_s * 1e9)
@@ -530,51 +539,25 @@ def _kernel(
         prev_close_ts[0] = carry.close_ts or close_ts[0]
         prev_close_ts[1:] = close_ts[:-1]
 
-    n_records = ends - starts
-    values = _finalise(
-        mid2=close_mid2,
-        mid2_before=close_mid2_before,
-        close_ts=close_ts,
-        close_ts_before=prev_close_ts,
-        book_values=_book_values(book.T, tick, _ArrayOps),
-        signed_volume=flows[:, 0],
-        volume=flows[:, 1],
-        trades=flows[:, 2],
-        records=n_records,
-        rv_half_ticks2=rv,
-        tick=tick,
-        ops=_ArrayOps,
-    )
-    feats = np.empty((n_bars, _F), np.float64)
-    for name, col in _COL.items():
-        if name in values:
-            feats[:, col] = values[name]
-    ofi_col = _COL["ofi_l1"]
-    feats[:, ofi_col : ofi_col + LEVELS] = ofi
-    feats[:, _COL["ofi_total"]] = ofi.sum(axis=1)
-
     tradable = (flows[:, 3] == 0) & last_ok_bar & has_book & (close_ts - last_clock <= stale_ns)
     tradable &= last_clock > 0
 
-    if isinstance(index_base, np.ndarray):
-        close_index = np.where(has_rec, index_base[np.maximum(last, 0)], carry.last_index)
-    else:
-        close_index = np.where(has_rec, last + index_base, carry.last_index)
+    close_index = np.where(has_rec, index_base[np.maximum(last, 0)], carry.last_index)
 
-    frame = BarFrame(
-        instrument_id=spec.instrument_id,
-        symbol=spec.symbol,
-        ts_close=close_ts,
-        features=feats.astype(np.float32),
-        mid_ticks=np.asarray(values["mid_ticks"], np.float64),
-        mid_price=np.asarray(values["mid_price"], np.float64),
-        spread_ticks=np.asarray(values["spread_ticks"], np.float64),
-        bid_price=np.asarray(values["bid_price"], np.float64),
-        ask_price=np.asarray(values["ask_price"], np.float64),
-        bid_size=book[:, 2].copy(),
-        ask_size=book[:, 3].copy(),
+    frame = _bar_frame(
+        spec,
+        close_ts=close_ts,
+        close_ts_before=prev_close_ts,
+        mid2=close_mid2,
+        mid2_before=close_mid2_before,
+        book=book,
+        signed_volume=flows[:, 0],
+        volume=flows[:, 1],
+        trades=flows[:, 2],
+        rv_half_ticks2=rv,
+        ofi=ofi,
+        n_records=(ends - starts).astype(np.int64),
         close_index=close_index.astype(np.int64),
-        n_records=n_records.astype(np.int64),
         tradable=tradable,
     )
     if n_bars == 0:
@@ -609,50 +592,132 @@ def _stale_ns(health: HealthConfig) -> int:
     return round(health.stale_after_s * 1e9)
 
 
-_CHUNK_RECORDS = 1 << 13
+_GROUP_RECORDS = 1 << 13
 """The vectorised path runs the kernel over groups of whole bars of about this many records:
 small temporaries stay in cache and are reused, and the carry makes the grouping invisible."""
+FILE_CHUNK_RECORDS = 1 << 16
+""":func:`compute_file` reads this many records at a time by default (24 MiB)."""
 
 
-def _compute(
-    source: np.ndarray,
-    positions: np.ndarray | None,
-    *,
-    spec: InstrumentSpec,
-    bars: BarConfig,
-    health: HealthConfig,
-    monitor: HealthMonitor,
-) -> BarFrame:
-    """The vectorised path over the instrument's records: ``source`` itself (contiguous) when
-    ``positions`` is ``None``, else ``source[positions]``, gathered one group of bars at a time
-    (a small copy that stays in cache instead of one copy of every record)."""
-    stale_ns = _stale_ns(health)
-    ts = source["ts_recv"] if positions is None else source["ts_recv"][positions]
-    clock = np.maximum.accumulate(ts.astype(np.int64)) if len(ts) else np.zeros(0, np.int64)
-    plan = plan_bars(clock, bars, stale_ns)
-    n_bars = plan.ends.shape[0]
-    if n_bars == 0:
-        return BarFrame.empty(spec.instrument_id, spec.symbol)
-    targets = np.arange(_CHUNK_RECORDS, int(plan.ends[-1]), _CHUNK_RECORDS)
-    cuts = np.unique(np.searchsorted(plan.ends, targets, side="left") + 1)
-    bounds = [0, *cuts[cuts < n_bars].tolist(), n_bars]
-    carry = _Carry()
-    frames = []
-    for b0, b1 in itertools.pairwise(bounds):
-        r0 = int(plan.ends[b0 - 1]) if b0 else 0
-        r1 = int(plan.ends[b1 - 1])
-        part = BarPlan(ends=plan.ends[b0:b1] - r0, close_ts=plan.close_ts[b0:b1])
-        base: np.ndarray | int
-        if positions is None:
-            records, base = source[r0:r1], r0
-        else:
-            base = positions[r0:r1]
-            records = source[base]
-        frame, carry = _kernel(
-            records, part, carry, spec=spec, health=health, monitor=monitor, index_base=base
+class _InstrumentStream:
+    """The vectorised path for one instrument over records that arrive in chunks: the kernel's
+    carry, and the records of the open bar (held back until a later chunk closes it)."""
+
+    def __init__(
+        self, spec: InstrumentSpec, bars: BarConfig, health: HealthConfig, monitor: HealthMonitor
+    ) -> None:
+        self.spec = spec
+        self.monitor = monitor
+        self._bars = bars
+        self._health = health
+        self._stale_ns = _stale_ns(health)
+        self._carry = _Carry()
+        self._tail = np.empty(0, MBP10_DTYPE)  # the open bar's records
+        self._tail_index = np.empty(0, np.int64)  # their positions in the stream
+        self._clock_before = 0  # running maximum of ts_recv before the open bar
+        self._frames: list[BarFrame] = []
+
+    def push(self, chunk: np.ndarray, positions: np.ndarray | None, offset: int) -> None:
+        """Add this instrument's records of ``chunk`` (contiguous :data:`MBP10_DTYPE`): all of
+        them when ``positions`` is ``None``, else ``chunk[positions]``. ``offset`` is the
+        chunk's position in the stream (for ``close_index``)."""
+        local = np.arange(len(chunk), dtype=np.int64) if positions is None else positions
+        if not len(local):
+            return
+        records = _gather(self._tail, chunk, positions)
+        index = np.concatenate((self._tail_index, local + offset))
+        ts = records["ts_recv"].astype(np.int64)
+        clock = np.maximum.accumulate(np.maximum(ts, self._clock_before))
+        plan = plan_bars(clock, self._bars, self._stale_ns)
+        n_bars = plan.ends.shape[0]
+        used = int(plan.ends[-1]) if n_bars else 0
+        if n_bars:
+            targets = np.arange(_GROUP_RECORDS, used, _GROUP_RECORDS)
+            cuts = np.unique(np.searchsorted(plan.ends, targets, side="left") + 1)
+            bounds = [0, *cuts[cuts < n_bars].tolist(), n_bars]
+            for b0, b1 in itertools.pairwise(bounds):
+                r0 = int(plan.ends[b0 - 1]) if b0 else 0
+                r1 = int(plan.ends[b1 - 1])
+                part = BarPlan(ends=plan.ends[b0:b1] - r0, close_ts=plan.close_ts[b0:b1])
+                frame, self._carry = _kernel(
+                    records[r0:r1],
+                    part,
+                    self._carry,
+                    spec=self.spec,
+                    health=self._health,
+                    monitor=self.monitor,
+                    index_base=index[r0:r1],
+                )
+                self._frames.append(frame)
+            self._clock_before = int(clock[used - 1])
+        self._tail, self._tail_index = records[used:], index[used:]
+
+    def frame(self) -> BarFrame:
+        """The bars closed so far (the open bar's records are not used)."""
+        frames = self._frames
+        if not frames:
+            return BarFrame.empty(self.spec.instrument_id, self.spec.symbol)
+        if len(frames) > 1:
+            self._frames = [BarFrame.concat(frames)]
+        return self._frames[0]
+
+
+def _gather(head: np.ndarray, chunk: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
+    """``head`` followed by ``chunk[positions]`` (all of ``chunk`` when ``None``), one new
+    contiguous array; records move as int64 words (NumPy moves structured rows field by field)."""
+    n_head = len(head)
+    n = n_head + (len(chunk) if positions is None else len(positions))
+    if positions is None and not n_head:
+        return chunk
+    out = np.empty(n, MBP10_DTYPE)
+    words = out.view(np.int64).reshape(n, _WORDS)
+    if n_head:
+        words[:n_head] = head.view(np.int64).reshape(n_head, _WORDS)
+    source = chunk.view(np.int64).reshape(len(chunk), _WORDS)
+    if positions is None:
+        words[n_head:] = source
+    else:
+        np.take(source, positions, axis=0, out=words[n_head:], mode="clip")  # valid by construction;
+        # mode 'raise' would buffer the output
+    return out
+
+
+class FeatureStream:
+    """The vectorised path over a stream of record chunks (a file or an archive read in bounded
+    memory): :meth:`push` each chunk in arrival order, then :meth:`result`. The bars and
+    features do not depend on how the records are cut into chunks; :func:`compute_all` is one
+    chunk. Records of an instrument that is not configured, or not MBP-10, are counted."""
+
+    def __init__(self, instruments: Iterable[InstrumentSpec], bars: BarConfig, health: HealthConfig) -> None:
+        self._streams = [
+            _InstrumentStream(spec, bars, health, HealthMonitor(spec.instrument_id, spec.symbol))
+            for spec in instruments
+        ]
+        self._ids = np.array([s.spec.instrument_id for s in self._streams], dtype=np.uint32)
+        self._offset = 0
+        self._rejected = 0
+
+    def push(self, records: np.ndarray) -> None:
+        """Add the next chunk (1-D :data:`MBP10_DTYPE`, any instruments, arrival order)."""
+        _check_records(records)
+        chunk = np.ascontiguousarray(records)  # the kernel views records as int64 words
+        ids = chunk["instrument_id"]
+        header_ok = mbp10_header_ok(chunk)
+        valid = np.isin(ids, self._ids) & header_ok
+        self._rejected += int(chunk.shape[0] - np.count_nonzero(valid))
+        for stream in self._streams:
+            mine = (ids == stream.spec.instrument_id) & header_ok
+            positions = None if mine.all() else np.flatnonzero(mine)
+            stream.push(chunk, positions, self._offset)
+        self._offset += chunk.shape[0]
+
+    def result(self) -> FeatureSet:
+        """The bars closed so far, a health monitor per symbol, and the rejected records."""
+        return FeatureSet(
+            {s.spec.symbol: s.frame() for s in self._streams},
+            {s.spec.symbol: s.monitor for s in self._streams},
+            self._rejected,
         )
-        frames.append(frame)
-    return frames[0] if len(frames) == 1 else BarFrame.concat(frames)
 
 
 def compute_bars(
@@ -670,13 +735,13 @@ def compute_bars(
     bar) are not used.
     """
     _check_records(records)
-    monitor = monitor or HealthMonitor(instrument.instrument_id, instrument.symbol)
-    mine = (records["instrument_id"] == instrument.instrument_id) & (records["rtype"] == MBP10_RTYPE)
-    if mine.all():
-        records = np.ascontiguousarray(records)  # the kernel views records as int64 words
-        return _compute(records, None, spec=instrument, bars=bars, health=health, monitor=monitor)
-    positions = np.flatnonzero(mine)
-    return _compute(records, positions, spec=instrument, bars=bars, health=health, monitor=monitor)
+    chunk = np.ascontiguousarray(records)
+    stream = _InstrumentStream(
+        instrument, bars, health, monitor or HealthMonitor(instrument.instrument_id, instrument.symbol)
+    )
+    mine = (chunk["instrument_id"] == instrument.instrument_id) & mbp10_header_ok(chunk)
+    stream.push(chunk, None if mine.all() else np.flatnonzero(mine), 0)
+    return stream.frame()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -696,18 +761,30 @@ def compute_all(
     health: HealthConfig,
 ) -> FeatureSet:
     """:func:`compute_bars` for every configured instrument in ``records`` (interleaved)."""
-    _check_records(records)
-    specs = list(instruments)
-    known = np.array([s.instrument_id for s in specs], dtype=np.uint32)
-    ids = records["instrument_id"]
-    valid = np.isin(ids, known) & (records["rtype"] == MBP10_RTYPE)
-    frames: dict[str, BarFrame] = {}
-    monitors: dict[str, HealthMonitor] = {}
-    for spec in specs:
-        monitor = HealthMonitor(spec.instrument_id, spec.symbol)
-        frames[spec.symbol] = compute_bars(records, spec, bars, health, monitor)
-        monitors[spec.symbol] = monitor
-    return FeatureSet(frames, monitors, int(records.shape[0] - np.count_nonzero(valid)))
+    stream = FeatureStream(instruments, bars, health)
+    stream.push(records)
+    return stream.result()
+
+
+def compute_file(
+    path: str | Path,
+    instruments: Iterable[InstrumentSpec],
+    bars: BarConfig,
+    health: HealthConfig,
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    chunk_records: int = FILE_CHUNK_RECORDS,
+) -> FeatureSet:
+    """:func:`compute_all` over a DBN file or a directory of daily files (time-disjoint, as
+    :func:`feeds.dbn.iter_mbp10` reads them), decoded and processed ``chunk_records`` records
+    at a time: memory stays bounded by a chunk plus the bars. ``start_ns``/``end_ns`` keep
+    ``start_ns <= ts_recv < end_ns``. ``close_index`` counts records from the first one kept.
+    Raises :class:`~feeds.errors.DBNFormatError` on unreadable files."""
+    stream = FeatureStream(instruments, bars, health)
+    for chunk in iter_mbp10(path, chunk_records=chunk_records, start_ns=start_ns, end_ns=end_ns):
+        stream.push(chunk)
+    return stream.result()
 
 
 _REC = struct.Struct("<BBHIQqIccBBQiI" + "qqIIII" * LEVELS)
@@ -729,18 +806,28 @@ def _book_ints(f: tuple[Any, ...]) -> tuple[int, ...]:
     return (f[14], f[15], bs[0], as_[0], bs[0], b3, b5, b5 + sum(bs[5:]), as_[0], a3, a5, a5 + sum(as_[5:]))
 
 
+# a closed bar waiting for its frame (IncrementalBars._closed): these ints, then BOOK_INTS, then
+# the per-level OFI
+_P_CLOSE, _P_BEFORE, _P_MID2, _P_MID2_BEFORE, _P_SIGNED, _P_VOLUME, _P_TRADES, _P_RV = range(8)
+_P_N, _P_INDEX, _P_TRADABLE = 8, 9, 10
+_P_BOOK = 11
+_P_OFI = _P_BOOK + len(BOOK_INTS)
+
+
 class IncrementalBars:
-    """The incremental path for one instrument: push raw records one at a time, get each bar
-    as it closes (the same bars and features as :func:`compute_bars` on the same records).
+    """The incremental path for one instrument: push raw records one at a time, get the bars
+    they close (the same bars and features as :func:`compute_bars` on the same records).
 
     ``push`` takes the 368 raw bytes of one MBP-10 record (what a NATS message carries; from an
-    array, :meth:`push_records`). Per record it unpacks the fields once and updates the bar's
-    sufficient statistics in plain Python with the shared definitions (:func:`fault_mask`,
-    :func:`ofi_price_term`); at the close :func:`_finalise` turns them into features, the same
-    function the vectorised path applies to arrays. :meth:`poll` with the caller's clock
-    (simulated in replay) closes due time bars and opens stale episodes; :meth:`report_gap`
-    takes a transport gap (the open bar is not tradable). Record-check episodes reach
-    :attr:`monitor` when the bar closes (the decision point), stale and gap episodes at once.
+    array, :meth:`push_records`). Per record it unpacks the fields once and updates the open
+    bar's sufficient statistics in plain Python with the shared definitions (:func:`fault_mask`,
+    :func:`ofi_price_term`); a bar that closes leaves its statistics (integers), and the bars
+    closed by one call become one :class:`BarFrame` through :func:`_bar_frame`, the function
+    the vectorised path uses (so a batch of records pays NumPy's per-call costs once, not per
+    bar). :meth:`poll` with the caller's clock (simulated in replay) closes due time bars and
+    opens stale episodes; :meth:`report_gap` takes a transport gap (the open bar is not
+    tradable). Record-check episodes reach :attr:`monitor` when the bar closes (the decision
+    point), stale and gap episodes at once.
     """
 
     def __init__(self, instrument: InstrumentSpec, bars: BarConfig, health: HealthConfig) -> None:
@@ -761,7 +848,6 @@ class IncrementalBars:
         # the last healthy record and the previous close
         self._healthy: tuple[Any, ...] | None = None
         self._book: tuple[int, ...] = (0,) * len(BOOK_INTS)
-        self._book_values = _book_values(self._book, self._tick, _ScalarOps)
         self._book_of: tuple[Any, ...] | None = None
         self._mid2 = 0
         self._half_ticks = 0
@@ -769,6 +855,7 @@ class IncrementalBars:
         self._close_ts = 0
         self._close_index = -1
         self._end_sizes: tuple[Any, ...] | None = None  # sizes at the previous bar's last record
+        self._closed: list[tuple[int, ...]] = []  # bars closed by the current call
         self._open_bar()
 
     def _open_bar(self) -> None:
@@ -810,17 +897,60 @@ class IncrementalBars:
             raise FeedError(f"not an MBP-10 record (rtype {f[_F_RTYPE]:#x}, length {f[_F_LENGTH] * 4})")
         if f[_F_IID] != self.spec.instrument_id:
             raise UnknownInstrument(f"record of instrument {f[_F_IID]} pushed to {self.spec.symbol}")
+        self._add(f)
+        return self._take_closed()
+
+    def push_records(self, records: np.ndarray) -> list[BarFrame]:
+        """:meth:`push` each record of ``records`` (this instrument only, arrival order); the bars
+        they close, as one frame in close order (an empty list when none closed).
+
+        Raises like :meth:`push`, before adding any record, when one record is not an MBP-10
+        record of this instrument."""
+        _check_records(records)
+        contiguous = np.ascontiguousarray(records)
+        bad = ~mbp10_header_ok(contiguous) | (contiguous["instrument_id"] != self.spec.instrument_id)
+        if bad.any():
+            self.push(contiguous[int(np.argmax(bad))].tobytes())  # raises the error push() gives
+        add = self._add
+        for f in _REC.iter_unpack(contiguous.data.cast("B")):
+            add(f)
+        frame = self._take_closed()
+        return [] if frame is None else [frame]
+
+    def poll(self, now_ns: int) -> BarFrame | None:
+        """Judge the feed at the caller's clock ``now_ns`` (UNIX ns): open a stale episode when
+        nothing came for ``stale_after_s`` and close the time bars due strictly before now."""
+        clock = self._clock.clock_ts
+        if self._last is not None and now_ns - clock > self._stale_ns:
+            self._stale_open = True
+            self.monitor.silence(clock, None, self._stale_ns)
+        closes = self._clock.on_clock(now_ns)
+        if closes:
+            self._close(closes, clock)
+        return self._take_closed()
+
+    def report_gap(self, at_ns: int) -> None:
+        """The transport lost records at ``at_ns``: the open bar is not tradable and a gap
+        episode runs until the next record."""
+        self._gap = self._gap_open = True
+        self.monitor.gap(at_ns)
+
+    def _add(self, f: tuple[Any, ...]) -> None:
+        """One unpacked, checked record of this instrument: update the open bar; a bar it
+        closes goes to :attr:`_closed`."""
         ts = f[_F_TS]
         last = self._last
-        clock_before = self._clock.clock_ts if last is not None else ts
+        clock = self._clock
+        clock_before = clock.clock_ts if last is not None else ts
         if self._stale_open or (last is not None and ts - clock_before > self._stale_ns):
             self._stale_open = False
             self.monitor.silence(clock_before, ts, self._stale_ns)
         if self._gap_open:
             self._gap_open = False
             self.monitor.gap_ended(ts)
-        closes = self._clock.on_record(ts)
-        out = self._close(closes, clock_before) if closes else None
+        closes = clock.on_record(ts)
+        if closes:
+            self._close(closes, clock_before)
 
         bids, asks, bsz, asz = f[14::6], f[15::6], f[16::6], f[17::6]
         bid, ask = bids[0], asks[0]
@@ -888,47 +1018,15 @@ class IncrementalBars:
         self._last_ask = valid_top(ask)
         self._n_open += 1
         self._n_seen += 1
-        if self._clock.after_record():
-            out = self._close([self._clock.clock_ts], self._clock.clock_ts)
-        return out
+        if clock.after_record():
+            self._close([clock.clock_ts], clock.clock_ts)
 
-    def push_records(self, records: np.ndarray) -> list[BarFrame]:
-        """:meth:`push` each record of ``records`` (this instrument only, arrival order)."""
-        _check_records(records)
-        raw = np.ascontiguousarray(records).data.cast("B")
-        out = []
-        for off in range(0, len(raw), _RECORD_SIZE):
-            frame = self.push(raw[off : off + _RECORD_SIZE])
-            if frame is not None:
-                out.append(frame)
-        return out
-
-    def poll(self, now_ns: int) -> BarFrame | None:
-        """Judge the feed at the caller's clock ``now_ns`` (UNIX ns): open a stale episode when
-        nothing came for ``stale_after_s`` and close the time bars due strictly before now."""
-        clock = self._clock.clock_ts
-        if self._last is not None and now_ns - clock > self._stale_ns:
-            self._stale_open = True
-            self.monitor.silence(clock, None, self._stale_ns)
-        closes = self._clock.on_clock(now_ns)
-        return self._close(closes, clock) if closes else None
-
-    def report_gap(self, at_ns: int) -> None:
-        """The transport lost records at ``at_ns``: the open bar is not tradable and a gap
-        episode runs until the next record."""
-        self._gap = self._gap_open = True
-        self.monitor.gap(at_ns)
-
-    def _close(self, closes: list[int], last_clock: int) -> BarFrame:
-        """The bars closing at ``closes``: the open bar (when it holds records) and empty bars.
-        ``last_clock`` is the clock of the last record before the close."""
-        if self._masks and (any(self._masks) or self.monitor.failing_records()):
+    def _close(self, closes: list[int], last_clock: int) -> None:
+        """Close the bars at ``closes``: the open bar (when it holds records) and empty bars;
+        their statistics go to :attr:`_closed`. ``last_clock`` is the clock of the last record
+        before the close."""
+        if self._masks and (self._n_bad or self.monitor.failing_records()):
             self.monitor.observe(np.array(self._ts, np.int64), np.array(self._masks, np.uint8))
-        rows: list[list[float]] = []
-        prices: list[tuple[float, ...]] = []
-        ints: list[tuple[int, ...]] = []
-        tradables: list[bool] = []
-        tick = self._tick
         for j, close in enumerate(closes):
             n = self._n_open if j == 0 else 0
             if n:
@@ -939,32 +1037,13 @@ class IncrementalBars:
                 self._end_sizes = last
                 self._close_index = self._n_seen - 1
                 stats = (self._signed, self._volume, self._trades, self._rv)
-                if self._healthy is not self._book_of and self._healthy is not None:
-                    self._book_of = self._healthy
-                    book = _book_ints(self._healthy)
-                    if book != self._book:
-                        self._book = book
-                        self._book_values = _book_values(book, tick, _ScalarOps)
+                healthy = self._healthy
+                if healthy is not self._book_of and healthy is not None:
+                    self._book_of = healthy
+                    self._book = _book_ints(healthy)
             else:
                 ofi = [0] * LEVELS
                 stats = (0, 0, 0, 0)
-            values = _finalise(
-                mid2=self._mid2,
-                mid2_before=self._close_mid2,
-                close_ts=close,
-                close_ts_before=self._close_ts or close,
-                book_values=self._book_values,
-                signed_volume=stats[0],
-                volume=stats[1],
-                trades=stats[2],
-                records=n,
-                rv_half_ticks2=stats[3],
-                tick=tick,
-                ops=_ScalarOps,
-            )
-            row = [values[name] for name in _SCALAR_NAMES]
-            row[_OFI_COL:_OFI_COL] = [*ofi, sum(ofi)]
-            rows.append(row)
             tradable = (
                 (self._n_bad == 0 or n == 0)
                 and self._last_ok
@@ -973,39 +1052,47 @@ class IncrementalBars:
                 and last_clock > 0
                 and not (j == 0 and self._gap)
             )
-            tradables.append(tradable)
-            prices.append(
+            self._closed.append(
                 (
-                    values["mid_ticks"],
-                    values["mid_price"],
-                    values["spread_ticks"],
-                    values["bid_price"],
-                    values["ask_price"],
+                    close,
+                    self._close_ts or close,
+                    self._mid2,
+                    self._close_mid2,
+                    *stats,
+                    n,
+                    self._close_index,
+                    tradable,
+                    *self._book,
+                    *ofi,
                 )
             )
-            ints.append((close, self._book[2], self._book[3], self._close_index, n))
             self._close_mid2 = self._mid2
             self._close_ts = close
             if j == 0:
                 self._gap = False
                 self._open_bar()
-        f8 = np.array(prices, np.float64).T  # one allocation per kind; the columns are its rows
-        i8 = np.array(ints, np.int64).T
-        return BarFrame(
-            instrument_id=self.spec.instrument_id,
-            symbol=self.spec.symbol,
-            ts_close=i8[0],
-            features=np.array(rows, np.float64).astype(np.float32),
-            mid_ticks=f8[0],
-            mid_price=f8[1],
-            spread_ticks=f8[2],
-            bid_price=f8[3],
-            ask_price=f8[4],
-            bid_size=i8[1],
-            ask_size=i8[2],
-            close_index=i8[3],
-            n_records=i8[4],
-            tradable=np.array(tradables, bool),
+
+    def _take_closed(self) -> BarFrame | None:
+        """The frame of the bars closed since the last call (``None`` when none)."""
+        if not self._closed:
+            return None
+        rows = np.array(self._closed, np.int64)
+        self._closed = []
+        return _bar_frame(
+            self.spec,
+            close_ts=rows[:, _P_CLOSE].copy(),
+            close_ts_before=rows[:, _P_BEFORE],
+            mid2=rows[:, _P_MID2],
+            mid2_before=rows[:, _P_MID2_BEFORE],
+            book=rows[:, _P_BOOK:_P_OFI],
+            signed_volume=rows[:, _P_SIGNED],
+            volume=rows[:, _P_VOLUME],
+            trades=rows[:, _P_TRADES],
+            rv_half_ticks2=rows[:, _P_RV],
+            ofi=rows[:, _P_OFI:],
+            n_records=rows[:, _P_N].copy(),
+            close_index=rows[:, _P_INDEX].copy(),
+            tradable=rows[:, _P_TRADABLE] != 0,
         )
 
 
@@ -1020,6 +1107,7 @@ class IncrementalFeatures:
         self.by_id: dict[int, IncrementalBars] = {
             spec.instrument_id: IncrementalBars(spec, bars, health) for spec in instruments
         }
+        self._ids = np.array(sorted(self.by_id), np.uint32)
         self.rejected = 0
 
     def push(self, record: bytes | bytearray | memoryview) -> BarFrame | None:
@@ -1038,23 +1126,21 @@ class IncrementalFeatures:
             return None
 
     def push_records(self, records: np.ndarray) -> list[BarFrame]:
-        """Route every record of ``records`` (any instruments, arrival order)."""
+        """Route every record of ``records`` (any instruments, arrival order); the bars they
+        close, one frame per instrument that closed any (bars in close order)."""
         _check_records(records)
         contiguous = np.ascontiguousarray(records)
-        raw = contiguous.data.cast("B")
-        route = self.by_id.get
+        ids = contiguous["instrument_id"]
+        good = mbp10_header_ok(contiguous) & np.isin(ids, self._ids)
+        if not good.all():
+            self.rejected += int(good.shape[0] - np.count_nonzero(good))
+            contiguous = take_mbp10(contiguous, good)
+        route = self.by_id.__getitem__
+        for f in _REC.iter_unpack(contiguous.data.cast("B")):
+            route(f[_F_IID])._add(f)
         out = []
-        for i, iid in enumerate(contiguous["instrument_id"].tolist()):
-            builder = route(iid)
-            if builder is None:
-                self.rejected += 1
-                continue
-            off = i * _RECORD_SIZE
-            try:
-                frame = builder.push(raw[off : off + _RECORD_SIZE])
-            except FeedError:
-                self.rejected += 1
-                continue
+        for builder in self.by_id.values():
+            frame = builder._take_closed()
             if frame is not None:
                 out.append(frame)
         return out

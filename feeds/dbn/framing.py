@@ -128,5 +128,9 @@ def concat_mbp10(parts: Sequence[npt.NDArray[np.void]]) -> npt.NDArray[np.void]:
 def take_mbp10(
     records: npt.NDArray[np.void], index: npt.NDArray[np.intp] | npt.NDArray[np.bool_]
 ) -> npt.NDArray[np.void]:
-    """``records[index]`` (integer or boolean index) as a new array, moved as byte rows."""
-    return _records(_rows(records)[index])
+    """``records[index]`` (integer or boolean index) as a new array, moved as rows of int64
+    words (``np.take`` on words is ~3x faster than indexing structured or byte rows)."""
+    rows = np.ascontiguousarray(records).view(np.int64).reshape(-1, MBP10_SIZE // 8)
+    positions = np.flatnonzero(index) if index.dtype == np.bool_ else index
+    taken: npt.NDArray[np.void] = np.take(rows, positions, axis=0).view(MBP10_DTYPE).reshape(-1)
+    return taken

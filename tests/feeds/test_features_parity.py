@@ -9,8 +9,17 @@ import numpy as np
 import pytest
 
 from feeds.config import BarConfig, HealthConfig, InstrumentSpec, SynthConfig
-from feeds.dbn import read_mbp10
-from feeds.features import BarFrame, IncrementalBars, IncrementalFeatures, compute_all, compute_bars
+from feeds.dbn import read_mbp10, write_mbp10
+from feeds.features import (
+    BarFrame,
+    FeatureSet,
+    FeatureStream,
+    IncrementalBars,
+    IncrementalFeatures,
+    compute_all,
+    compute_bars,
+    compute_file,
+)
 from feeds.health import HealthMonitor
 from feeds.records import UNDEF_PRICE
 from feeds.synth import simulate_session
@@ -97,6 +106,7 @@ def test_parity_across_instruments_through_the_router() -> None:
     assert router.rejected == result.rejected_records == 40
     for spec in specs:
         mine = [f for f in closed if f.instrument_id == spec.instrument_id]
+        assert len(mine) == 1  # one frame per instrument and call, its bars in close order
         alone = compute_bars(mixed[mixed["instrument_id"] == spec.instrument_id], spec, bars, HEALTH)
         assert_same(alone, mine)
         np.testing.assert_array_equal(result.frames[spec.symbol].features, alone.features)
@@ -111,3 +121,59 @@ def test_parity_on_a_synthetic_session() -> None:
         assert vectorised.tradable.all()  # the generator's feed is healthy
         assert monitor.episodes == []
         assert_same(vectorised, IncrementalBars(spec, bars, HealthConfig()).push_records(day.records))
+
+
+def mixed_feed() -> tuple[np.ndarray, list[InstrumentSpec]]:
+    """Two interleaved instruments (one faulty, with silences) and an unknown one."""
+    es = faulty_book(6000, seed=4)
+    nq = random_book(5000, seed=5, instrument_id=1002)
+    mixed = np.concatenate([es, nq, random_book(30, seed=6, instrument_id=9)])
+    mixed = mixed[np.argsort(mixed["ts_recv"], kind="stable")]
+    return mixed, [SPEC, InstrumentSpec(symbol="NQ", instrument_id=1002)]
+
+
+def assert_same_set(expected: FeatureSet, got: FeatureSet) -> None:
+    assert got.rejected_records == expected.rejected_records
+    assert list(got.frames) == list(expected.frames)
+    for symbol, frame in expected.frames.items():
+        assert_same(frame, [got.frames[symbol]])
+        assert episodes(got.monitors[symbol]) == episodes(expected.monitors[symbol])
+        assert got.monitors[symbol].counters == expected.monitors[symbol].counters
+
+
+@pytest.mark.parametrize(
+    "bars",
+    [BarConfig(clock="time", interval_s=0.5), BarConfig(clock="events", events=37)],
+    ids=["time", "events"],
+)
+def test_chunking_does_not_change_the_bars(bars: BarConfig) -> None:
+    mixed, specs = mixed_feed()
+    whole = compute_all(mixed, specs, bars, HEALTH)
+    rng = np.random.default_rng(0)
+    for cuts in (
+        np.arange(0, len(mixed), 1000),
+        np.sort(rng.choice(len(mixed), 40, replace=False)),
+        np.arange(0, 400),  # one record per chunk, then the rest at once
+    ):
+        stream = FeatureStream(specs, bars, HEALTH)
+        for part in np.split(mixed, cuts):
+            stream.push(part)
+        assert_same_set(whole, stream.result())
+
+
+@pytest.mark.parametrize("suffix", [".dbn", ".dbn.zst"])
+def test_compute_file_reads_in_chunks_and_agrees_with_compute_all(tmp_path, suffix: str) -> None:
+    mixed, specs = mixed_feed()
+    mixed = mixed[mixed["instrument_id"] != 9]
+    ts = mixed["ts_recv"]
+    path = write_mbp10(
+        tmp_path / f"feed{suffix}",
+        mixed,
+        dataset="SYNTH",
+        symbols={1001: "ES", 1002: "NQ"},
+        start_ns=int(ts[0]),
+        end_ns=int(ts[-1]) + 1,
+    )
+    bars = BarConfig(clock="time", interval_s=0.5)
+    expected = compute_all(mixed, specs, bars, HEALTH)
+    assert_same_set(expected, compute_file(path, specs, bars, HEALTH, chunk_records=1000))
