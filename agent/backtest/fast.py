@@ -81,7 +81,7 @@ def load_bars(
 def _read_window(path: str | Path, start_ns: int, end_ns: int) -> np.ndarray[Any, Any]:
     """The records of ``[start_ns, end_ns)`` in feed order (as the replay source yields them), in
     one array allocated once: a counting pass first, so the peak memory is the array itself."""
-    chunks = 1 << 20
+    chunks = 1 << 16  # 24 MB per chunk
     total = sum(len(c) for c in iter_mbp10(path, chunk_records=chunks, start_ns=start_ns, end_ns=end_ns))
     out = np.empty(total, dtype=MBP10_DTYPE)
     pos = 0
