@@ -20,13 +20,15 @@ fully written). A recorder killed with SIGKILL therefore leaves every completed 
 open file readable up to its last flush (a torn last frame is cut when it is reopened), and
 loses nothing for good: what it had not flushed was not acknowledged and is redelivered.
 
-Restart without duplicates: on start the newest archive file is reopened and its last
-``ts_recv`` (the *floor*) and the records at the floor are read back. A redelivered batch whose
-records all lie below the floor was written before (batches are written in order); a batch
-ending exactly at the floor is a duplicate when its records at the floor are already in the file
-(byte comparison). Records of a new batch that fall below the floor can only come from a
-publisher that broke ``ts_recv`` order; they are counted (``out_of_order``) and skipped, never
-written out of order. Messages that are not DBN are counted and skipped by the source.
+Restart without duplicates: on start the newest archive file is reopened (the appender scans it
+once, cutting a torn tail), which gives its last ``ts_recv`` (the *floor*,
+:attr:`feeds.dbn.DBNAppender.last_ts_recv`) and the records at the floor
+(:meth:`feeds.dbn.DBNAppender.records_at_last_ts`). A redelivered batch whose records all lie
+below the floor was written before (batches are written in order); a batch ending exactly at the
+floor is a duplicate when its records at the floor are already in the file (byte comparison).
+Records of a new batch that fall below the floor can only come from a publisher that broke
+``ts_recv`` order; they are counted (``out_of_order``) and skipped, never written out of order.
+Messages that are not DBN are counted and skipped by the source.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from feeds.config import FeedsConfig
-from feeds.dbn import DBNAppender, read_mbp10
+from feeds.dbn import DBNAppender
 from feeds.errors import FeedError
 from feeds.records import MBP10_DTYPE
 from feeds.sources.events import HealthEvent, RecordBatch, SourceEvent
@@ -175,13 +177,13 @@ class Recorder:
         except ValueError:
             raise FeedError(f"{newest}: unexpected archive file name") from None
         day = int(date.timestamp()) * 1_000_000_000 + self.rotate_hour * NS_PER_HOUR
-        self._open_day(day)
-        records = read_mbp10(newest)
-        if len(records):
-            ts = records["ts_recv"]
-            self._floor = int(ts[-1])
-            self._floor_bytes = records[ts == ts[-1]].tobytes()
-        log.info("recorder: resuming after %s (%d records, floor %d)", newest, len(records), self._floor)
+        writer = self._open_day(day)  # resuming it scans the file once, frame by frame
+        if writer.records_flushed:
+            self._floor = writer.last_ts_recv
+            self._floor_bytes = writer.records_at_last_ts().tobytes()
+        log.info(
+            "recorder: resuming after %s (%d records, floor %d)", newest, writer.records_flushed, self._floor
+        )
 
     # ------------------------------------------------------------------ records
 

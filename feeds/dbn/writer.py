@@ -137,6 +137,7 @@ class DBNAppender:
         self._pending: list[bytes] = []
         self._pending_records = 0
         self._last_ts = 0
+        self._at_last_ts = b""  # bytes of the records whose ts_recv is _last_ts
         self.records_flushed = 0
         """Records durably in the file (including those found when resuming)."""
 
@@ -144,6 +145,27 @@ class DBNAppender:
     def pending_records(self) -> int:
         """Records appended since the last flush (lost if the process dies now)."""
         return self._pending_records
+
+    @property
+    def last_ts_recv(self) -> int:
+        """``ts_recv`` (UNIX ns) of the last record appended, or found in the file when resuming;
+        0 when there is none. Appends must not go below it."""
+        return self._last_ts
+
+    def records_at_last_ts(self) -> npt.NDArray[np.void]:
+        """The records (appended, or found when resuming) whose ``ts_recv`` is
+        :attr:`last_ts_recv`, in file order: what a writer resuming after a restart compares a
+        redelivered batch with. A new array of :data:`MBP10_DTYPE`, empty when there is none."""
+        return np.frombuffer(self._at_last_ts, dtype=MBP10_DTYPE).copy()
+
+    def _note_last(self, records: npt.NDArray[np.void]) -> None:
+        """Track :attr:`last_ts_recv` and the records at it after ``records`` (non-empty,
+        ``ts_recv`` order) joined the file."""
+        ts = records["ts_recv"]
+        last = int(ts[-1])
+        at_last = np.ascontiguousarray(records[ts == ts[-1]]).tobytes()
+        self._at_last_ts = self._at_last_ts + at_last if last == self._last_ts else at_last
+        self._last_ts = last
 
     def __enter__(self) -> DBNAppender:
         return self.open()
@@ -190,7 +212,7 @@ class DBNAppender:
             )
         self._pending.append(np.ascontiguousarray(records).tobytes())
         self._pending_records += len(records)
-        self._last_ts = int(ts[-1])
+        self._note_last(records)
 
     def flush(self) -> None:
         """Write the pending records as one complete zstd frame (or plain bytes) and fsync."""
@@ -221,36 +243,37 @@ class DBNAppender:
         os.fsync(fd)
 
     def _resume(self, fd: int) -> None:
-        """Check the existing file's metadata, cut a torn tail, restore the counters. Reads the
-        file in bounded slices, one zstd frame at a time (memory bounded by one frame)."""
+        """Check the existing file's metadata, cut a torn tail, restore the counters and
+        :attr:`last_ts_recv`. Reads the file in bounded slices, one zstd frame at a time (memory
+        bounded by one frame)."""
         size = os.fstat(fd).st_size
-        good_end, count, last_ts = self._scan(fd, size)
+        good_end = self._scan(fd, size)
         if good_end < size:
             os.ftruncate(fd, good_end)
             os.fsync(fd)
-        self.records_flushed = count
-        self._last_ts = last_ts
 
-    def _check_payload(self, payload: bytes) -> tuple[int, int]:
-        """(records, last ts_recv) of a run of record bytes; raise unless all are MBP-10."""
+    def _take_existing(self, payload: bytes) -> None:
+        """Count a run of record bytes found in the file; raise unless all are MBP-10."""
         records = np.frombuffer(payload, dtype=MBP10_DTYPE)
         if not mbp10_header_ok(records).all():
             raise DBNFormatError(f"{self.path}: existing file holds records that are not MBP-10")
-        return len(records), int(records["ts_recv"][-1]) if len(records) else 0
+        if len(records):
+            self.records_flushed += len(records)
+            self._note_last(records)
 
-    def _scan(self, fd: int, size: int) -> tuple[int, int, int]:
-        """(end of the last complete frame or record, records, last ts_recv) of an existing file."""
+    def _scan(self, fd: int, size: int) -> int:
+        """Take in the records of an existing file; return the end of its last complete frame
+        (zstd) or record (plain)."""
         meta_len = len(self._metadata)
-        offset, count, last_ts = 0, 0, 0
+        offset = 0
         if not self._zstd:
             if os.pread(fd, meta_len, 0) != self._metadata:
                 raise DBNFormatError(f"{self.path}: exists with different metadata; cannot resume it")
             end = meta_len + (size - meta_len) // MBP10_SIZE * MBP10_SIZE
             step = _SCAN_SLICE // MBP10_SIZE * MBP10_SIZE
             for begin in range(meta_len, end, step):
-                n, ts = self._check_payload(os.pread(fd, min(step, end - begin), begin))
-                count, last_ts = count + n, ts
-            return end, count, last_ts
+                self._take_existing(os.pread(fd, min(step, end - begin), begin))
+            return end
         while offset < size:
             frame = _read_frame(fd, offset, size)
             if frame is None:
@@ -262,12 +285,11 @@ class DBNAppender:
             elif len(payload) % MBP10_SIZE:
                 break
             else:
-                n, ts = self._check_payload(payload)
-                count, last_ts = count + n, ts if n else last_ts
+                self._take_existing(payload)
             offset = frame_end
         if offset == 0:
             raise DBNFormatError(f"{self.path}: exists, but its metadata frame is unreadable; cannot resume")
-        return offset, count, last_ts
+        return offset
 
 
 def _read_frame(fd: int, offset: int, size: int) -> tuple[bytes, int] | None:

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import databento
@@ -142,6 +144,23 @@ def test_bad_paths_and_files_name_the_file(tmp_path: Path, records: npt.NDArray[
         read_mbp10(bad)
 
 
+def test_a_file_that_is_not_dbn_leaves_no_file_open(tmp_path: Path) -> None:
+    """``DBNStore`` opens the file before it sniffs the format and leaves it to the garbage
+    collector when the format is unknown: the reader must close it (a ResourceWarning otherwise)."""
+    path = tmp_path / "not-dbn.dbn"
+    path.write_bytes(b"PK\x03\x04 a zip, not DBN " * 10)
+    open_fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    before = open_fds()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for read in (read_mbp10, read_metadata, lambda p: list(iter_mbp10(p))):
+            with pytest.raises(DBNFormatError, match=r"not-dbn\.dbn: not a readable DBN file"):
+                read(path)
+        assert open_fds() == before
+        gc.collect()
+    assert [w.message for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
 def test_writer_refuses_bad_records(tmp_path: Path, records: npt.NDArray[np.void]) -> None:
     with pytest.raises(DBNFormatError, match="ts_recv order"):
         _write(tmp_path / "a.dbn", records[::-1].copy())
@@ -187,6 +206,28 @@ def test_appender_flushes_frames_and_resumes_after_a_torn_tail(
     assert np.array_equal(read_mbp10(path), records)
     with pytest.raises(DBNFormatError, match="different metadata"):
         DBNAppender(path, dataset="OTHER", symbols=SYMBOLS, start_ns=start).open()
+
+
+@pytest.mark.parametrize("suffix", [".dbn", ".dbn.zst"])
+def test_appender_knows_its_last_ts_recv_and_the_records_at_it(
+    tmp_path: Path, records: npt.NDArray[np.void], suffix: str
+) -> None:
+    path = tmp_path / f"rec{suffix}"
+    tied = records[:12].copy()
+    tied["ts_recv"][-4:] = tied["ts_recv"][-4]  # the last four share one ts_recv, over two frames
+    with DBNAppender(path, dataset="SYNTH", symbols=SYMBOLS, start_ns=0) as out:
+        assert out.last_ts_recv == 0 and len(out.records_at_last_ts()) == 0
+        out.append(tied[:10])
+        out.flush()
+        out.append(tied[10:])
+        assert out.last_ts_recv == int(tied["ts_recv"][-1])
+        assert np.array_equal(out.records_at_last_ts(), tied[-4:])
+    with DBNAppender(path, dataset="SYNTH", symbols=SYMBOLS, start_ns=0) as out:  # found in the file
+        assert out.records_flushed == 12
+        assert out.last_ts_recv == int(tied["ts_recv"][-1])
+        assert np.array_equal(out.records_at_last_ts(), tied[-4:])
+        out.append(records[12:14])
+        assert out.last_ts_recv == int(records["ts_recv"][13])
 
 
 def test_plain_appender_cuts_a_partial_record(tmp_path: Path, records: npt.NDArray[np.void]) -> None:
