@@ -24,7 +24,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,12 +60,13 @@ from agent.train.learner import Learner
 from agent.train.metrics import Performance, performance
 from agent.train.trainer import EpochRecord, make_probe, probe_stats, train_fold
 from feeds.config import InstrumentSpec
+from feeds.dbn import dbn_files
 from feeds.features import FEATURE_NAMES
 from storage import CheckpointStore, Instruments, LearnedFloors, ModelRegistry, open_database
 from storage.errors import NotFound
 from storage.records import InstrumentInfo
 
-__all__ = ["FoldSummary", "Progress", "TrainRequest", "TrainSummary", "run_training"]
+__all__ = ["Curves", "FoldSummary", "Progress", "RunResult", "TrainRequest", "TrainSummary", "run_training"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,9 @@ class TrainRequest:
     promote: bool = False
     deadline: float | None = None
     """``time.monotonic()`` value after which the run stops cleanly (:class:`TrainTimeout`)."""
+    bars: Mapping[str, InstrumentBars] | None = None
+    """Bars already in memory (a benchmark, a caller that computed them): used instead of reading
+    ``data``, which then only labels the run."""
 
 
 class FoldSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,10 +141,12 @@ class TrainSummary(msgspec.Struct, kw_only=True):
     drift_abs: float = 0.0
     drift_ratio: float = 0.0
     wall_s: float = 0.0
+    train_s: float = 0.0
+    """Of ``wall_s``, the time spent in the training loops (exploring and learning)."""
 
 
 @dataclass
-class _Curves:
+class Curves:
     """Concatenated out-of-sample per-bar records per policy (for the report)."""
 
     records: dict[str, list[Rollout]] = field(default_factory=dict)
@@ -173,8 +179,10 @@ class _Curves:
 
 @dataclass
 class RunResult:
+    """What :func:`run_training` returns: the JSON summary and the per-bar curves behind the report."""
+
     summary: TrainSummary
-    curves: _Curves
+    curves: Curves
 
 
 def _gap_bars(model: ModelConfig, config: Config) -> int:
@@ -259,15 +267,20 @@ def _run_training(config: Config, request: TrainRequest, progress: Progress, bac
             ]
         )
         current_floors = {s.symbol: floors_repo.get(s.instrument_id, VOL_REF_FLOOR) for s in specs}
-        files = list(Path(request.data).iterdir()) if Path(request.data).is_dir() else [request.data]
-        progress.start("load", len(files))
-        bars = load_archive(
-            request.data,
-            config.feeds,
-            specs,
-            fee_per_contract=config.broker.fee_per_contract,
-            on_file=lambda _f: progress.advance("load"),
-        )
+        if request.bars is not None:
+            missing = [spec.symbol for spec in specs if spec.symbol not in request.bars]
+            if missing:
+                raise TrainError(f"preloaded bars lack instrument(s) {', '.join(missing)}")
+            bars = {spec.symbol: request.bars[spec.symbol] for spec in specs}
+        else:
+            progress.start("load", len(dbn_files(request.data)))
+            bars = load_archive(
+                request.data,
+                config.feeds,
+                specs,
+                fee_per_contract=config.broker.fee_per_contract,
+                on_file=lambda _f: progress.advance("load"),
+            )
         model_cfg = config.model.with_features(len(FEATURE_NAMES) + len(AGENT_FEATURES))
         gap = _gap_bars(model_cfg, config)
         folds = _fold_ranges(bars, config, gap)
@@ -320,7 +333,7 @@ class _Run:
         self.config, self.request, self.model_cfg, self.xp = config, request, model_cfg, xp
         self.bars, self.specs, self.folds, self.summary = bars, specs, folds, summary
         self.progress = progress
-        self.curves = _Curves()
+        self.curves = Curves()
         self.tests: list[tuple[FeatureNorm, list[tuple[InstrumentBars, int, int]]]] = []
         self.params = init_params(model_cfg, np.random.default_rng(config.seed), xp=xp)
         self.learner = Learner(model_cfg, config.train, self.params, seed=config.seed)
@@ -353,6 +366,7 @@ class _Run:
                 int(data.starts.shape[0]),
                 len(test_parts),
             )
+            fold_start = time.monotonic()
             result = train_fold(
                 self.learner,
                 data,
@@ -362,6 +376,7 @@ class _Run:
                 deadline=self.request.deadline,
                 on_step=lambda: self.progress.advance("train"),
             )
+            s.train_s += time.monotonic() - fold_start
             s.epochs.extend(result.epochs)
             s.gates.extend(result.drift_events)
             if index == 0:
