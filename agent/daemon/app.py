@@ -136,6 +136,8 @@ class Daemon:
         """Last mid per instrument, 1e-9 fixed point (for unrealised P&L)."""
         self.healthy: dict[int, bool] = dict.fromkeys(self.symbols, False)
         self.state = "starting"
+        self.recovered: dict[str, Any] = {}
+        """What the ledger gave back at start (positions, P&L, open orders)."""
         self._closes: collections.deque[_Close] = collections.deque()
         self._closes_ready = asyncio.Event()
         self._idle = asyncio.Event()
@@ -287,6 +289,12 @@ class Daemon:
             )
             restored.append(OpenOrder(order=order, filled=rec.filled_qty, acked=rec.status != "new"))
         self.orders.restore(restored)
+        self.recovered = {
+            "positions": self._named_positions(),
+            "realised_pnl": round(self.portfolio.realised(), 2),
+            "open_orders": len(restored),
+            "closed_paper_orders": self.counts["orders_closed_at_restart"],
+        }
         halt = await sql.call(_persisted_halt, sql)
         if halt is not None:
             kind, reason = halt
@@ -1042,6 +1050,7 @@ class Daemon:
             "feed": source.counters.snapshot() if source is not None else {},
             "rejected_records": self.features.rejected,
             "retrain_running": bool(self._scheduler and self._scheduler.busy),
+            "recovered": self.recovered,
         }
 
 

@@ -34,7 +34,7 @@ from tests.daemon.support import (
     synth_feed,
     write_config,
 )
-from tests.daemon.test_session import _ledger_state, _relay, _relay_done, _symbols, _wait_records
+from tests.daemon.test_session import _ledger_state, _relay, _relay_done, _stop, _symbols, _wait_records
 from tests.support.nats_server import NatsServer
 
 pytestmark = pytest.mark.slow
@@ -144,6 +144,7 @@ def test_live_path_through_the_reference_gateway_with_postgresql(
     )
     gateway_log.close()
     daemon = DaemonProcess(config_path, tmp_path / "daemon.log")
+    relay: subprocess.Popen[bytes] | None = None
     try:
         daemon.start()
         daemon.wait_until(lambda s: "venue" not in s["halts"], timeout=30)
@@ -155,6 +156,8 @@ def test_live_path_through_the_reference_gateway_with_postgresql(
         assert daemon.terminate() == 0, daemon.log_tail()
     finally:
         daemon.close()
+        if relay is not None:
+            _stop(relay)
         gateway.terminate()
         gateway.wait(30)
     assert gateway.returncode == 0, (tmp_path / "gateway.log").read_text()[-3000:]

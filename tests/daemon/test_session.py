@@ -125,6 +125,7 @@ def test_paper_session_over_nats_trades_fills_and_records(
 ) -> None:
     config_path, config = _setup(tmp_path, nats_server)
     daemon = DaemonProcess(config_path, daemon_log)
+    relay: subprocess.Popen[bytes] | None = None
     try:
         daemon.start()
         relay = _relay(config_path, feed, pace=40.0)
@@ -139,6 +140,8 @@ def test_paper_session_over_nats_trades_fills_and_records(
         assert code == 0, daemon.log_tail()
     finally:
         daemon.close()
+        if relay is not None:
+            _stop(relay)
     positions, realised, n_fills, _ = _ledger_state(config)
     assert n_fills == status["counts"]["fills"]
     assert _symbols(positions) == status["positions"]
@@ -163,6 +166,7 @@ def test_nats_restart_mid_session_reconnects_records_the_gap_and_trades_on(
 ) -> None:
     config_path, config = _setup(tmp_path, nats_server)
     daemon = DaemonProcess(config_path, daemon_log)
+    relay: subprocess.Popen[bytes] | None = None
     try:
         daemon.start()
         relay = _relay(config_path, feed, pace=40.0)  # the 5-minute session in ~8 s
@@ -179,6 +183,8 @@ def test_nats_restart_mid_session_reconnects_records_the_gap_and_trades_on(
         assert daemon.terminate() == 0, daemon.log_tail()
     finally:
         daemon.close()
+        if relay is not None:
+            _stop(relay)
     positions, _, n_fills, fill_ids = _ledger_state(config)
     assert len(set(fill_ids)) == n_fills == status["counts"]["fills"]
     assert _symbols(positions) == status["positions"]
@@ -195,19 +201,18 @@ def test_sigkill_then_restart_rebuilds_positions_and_orders_from_the_ledger(
 ) -> None:
     config_path, config = _setup(tmp_path, nats_server)
     daemon = DaemonProcess(config_path, daemon_log)
+    restarted = DaemonProcess(config_path, daemon_log)
+    relay = _relay(config_path, feed, pace=40.0)
     try:
         daemon.start()
-        relay = _relay(config_path, feed, pace=40.0)
         daemon.wait_until(lambda s: s["counts"].get("fills", 0) >= 5)
         daemon.kill()
         positions, realised, n_fills, _ = _ledger_state(config)
-        restarted = DaemonProcess(config_path, daemon_log)
         restarted.start()
-        status = restarted.status()
-        assert status["positions"] == _symbols(positions)
-        assert status["realised_pnl"] == pytest.approx(realised, abs=0.01)
-        assert status["open_orders"] == 0  # paper orders of the killed process were closed
-        assert status["counts"].get("fills", 0) == 0  # nothing re-counted at start
+        recovered = restarted.status()["recovered"]
+        assert recovered["positions"] == _symbols(positions)
+        assert recovered["realised_pnl"] == pytest.approx(realised, abs=0.01)
+        assert recovered["open_orders"] == 0  # paper orders of the killed process were closed
         # It trades on from the durable consumer; the ledger stays consistent.
         restarted.wait_until(lambda s: s["counts"].get("fills", 0) >= 1, timeout=30)
         _relay_done(relay, config_path)
@@ -216,6 +221,14 @@ def test_sigkill_then_restart_rebuilds_positions_and_orders_from_the_ledger(
         assert restarted.terminate() == 0, restarted.log_tail()
     finally:
         daemon.close()
+        restarted.close()
+        _stop(relay)
     positions2, _, n_fills2, fill_ids = _ledger_state(config)
     assert len(set(fill_ids)) == n_fills2 == n_fills + final["counts"]["fills"]
     assert _symbols(positions2) == final["positions"]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
