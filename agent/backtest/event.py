@@ -20,7 +20,6 @@ tradable, and no order is sent on them.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import time
@@ -108,7 +107,7 @@ class EventDriver:
         self.bars_seen = [0] * len(specs)
         self.order_bar: dict[str, tuple[int, int]] = {}
         self.halted = False
-        self.flattening = False
+        self.session_id = 0
         self.run = EventRun()
         self.run.frames = {s.symbol: [] for s in specs}
         self._on_records = on_records
@@ -337,8 +336,3 @@ def _ledger_order(order: NewOrder, session_id: int) -> LedgerOrder:
         account=ACCOUNT,
         session_id=session_id,
     )
-
-
-def run_event(driver: EventDriver, path: str | Path, start_ns: int, end_ns: int) -> EventRun:
-    """:meth:`EventDriver.replay` on a fresh event loop."""
-    return asyncio.run(driver.replay(path, start_ns, end_ns))

@@ -352,6 +352,6 @@ def _event(
         np.asarray(run.latency_ns, dtype=np.float64),
         run.ledger_pnl,
         run.halt_reason,
-        {"orders": run.counts.get("orders", 0), **run.counts},
+        run.counts,
         frames,
     )
