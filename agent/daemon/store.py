@@ -1,29 +1,38 @@
-"""The daemon's access to SQL: every call on one dedicated worker thread.
+"""The daemon's access to SQL: every call on one dedicated worker thread, orders first.
 
-The storage repositories block (SQLAlchemy, synchronous drivers), so the event loop hands
-each call to a single-thread executor and never stalls the feed. Two lanes, each one thread
-with calls in submission order: ``orders`` (the commit that precedes an order leaving: on the
-latency path, so it never queues behind report persistence) and ``reports`` (fills, order
-updates, events: in the order they were received). An order's commit completes before the order
-is sent, so no report of it can overtake it. ``DatabaseUnavailable`` (including
-``FillsNotPersisted``) reaches the caller, which halts new orders and retries.
+The storage repositories block (SQLAlchemy, synchronous drivers), so the event loop hands each
+call to one worker thread and never stalls the feed. One thread, because a second writer on
+SQLite only waits for the lock (with the busy handler's millisecond sleeps); with priorities,
+because an order's commit sits on the latency path: :meth:`SqlWorker.call_orders` runs before
+any queued :meth:`SqlWorker.call` (reports, events), so it waits for at most the transaction in
+progress. Calls of one kind run in submission order (fills are recorded in the order they were
+received), and an order's commit completes before the order is sent, so no report of it can
+overtake it. ``DatabaseUnavailable`` (including ``FillsNotPersisted``) reaches the caller, which
+halts new orders and retries.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
+import itertools
+import logging
+import queue
+import threading
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from storage import CheckpointStore, Instruments, Journal, LearnedFloors, Ledger, ModelRegistry
 from storage.engine import Database
 
 __all__ = ["SqlWorker"]
 
+log = logging.getLogger(__name__)
+
 P = ParamSpec("P")
 T = TypeVar("T")
+
+_ORDERS, _REPORTS, _STOP = 0, 1, 2
 
 
 class SqlWorker:
@@ -37,22 +46,55 @@ class SqlWorker:
         self.floors = LearnedFloors(database)
         self.instruments = Instruments(database)
         self.checkpoints = CheckpointStore.for_data_dir(data_dir)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sql")
-        self._orders_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="sql-orders"
+        self._queue: queue.PriorityQueue[tuple[int, int, Callable[[], Any] | None, Any]] = (
+            queue.PriorityQueue()
         )
+        self._order = itertools.count()
+        self._thread = threading.Thread(target=self._work, name="sql", daemon=True)
+        self._thread.start()
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn(*args, **kwargs)`` on the reports lane and await its result."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        """Run ``fn(*args, **kwargs)`` on the SQL thread (after any queued order commit)."""
+        return await self._submit(_REPORTS, functools.partial(fn, *args, **kwargs))
 
     async def call_orders(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn(*args, **kwargs)`` on the orders lane and await its result."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._orders_pool, functools.partial(fn, *args, **kwargs))
+        """Run ``fn(*args, **kwargs)`` on the SQL thread ahead of every queued :meth:`call`."""
+        return await self._submit(_ORDERS, functools.partial(fn, *args, **kwargs))
 
-    def close(self) -> None:
-        self._orders_pool.shutdown(wait=True)
-        self._pool.shutdown(wait=True)
+    async def _submit(self, priority: int, work: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put((priority, next(self._order), work, (loop, future)))
+        return await future
+
+    def _work(self) -> None:
+        while True:
+            _, _, work, target = self._queue.get()
+            if work is None:
+                return
+            loop, future = target
+            try:
+                result = work()
+            except BaseException as exc:
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Finish the queued calls (waiting at most ``timeout_s``), stop the thread and close
+        the database. Calls still running after that are abandoned with the process."""
+        self._queue.put((_STOP, next(self._order), None, None))
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.error("SQL calls still running after %.0f s at shutdown; abandoned", timeout_s)
+            return
         self.database.close()
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the awaiting task was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
