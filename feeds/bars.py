@@ -101,11 +101,16 @@ class BarClock:
         self._open_k = -1  # time clock: the open bar (-1 before the first record)
         self._open_has_records = False
         self._count = 0  # event clock: records in the open bar
+        self._inside = -1  # time clock: a record at or before this ts_recv stays in the open bar
         self.clock_ts = 0
         """Clock (running maximum of ``ts_recv``, ns) of the last record."""
 
     def on_record(self, ts_recv: int) -> list[int]:
         """Close times (ns) of the bars closed by a record received at ``ts_recv``."""
+        if ts_recv <= self._inside:  # the usual case: the record falls in the open bar
+            if ts_recv > self.clock_ts:
+                self.clock_ts = ts_recv
+            return []
         if not self._time:
             self.clock_ts = max(self.clock_ts, ts_recv)
             return []
@@ -118,6 +123,7 @@ class BarClock:
             self._open_k = k
         self.clock_ts = max(self.clock_ts, ts_recv)
         self._open_has_records = True
+        self._inside = self._open_k * self._interval
         return closes
 
     def after_record(self) -> bool:
@@ -139,6 +145,7 @@ class BarClock:
             return []
         closes = self._close_until(last)
         self._open_k = last + 1
+        self._inside = -1  # the new open bar has no record yet
         return closes
 
     def _close_until(self, k_last: int) -> list[int]:

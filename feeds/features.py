@@ -897,7 +897,7 @@ class IncrementalBars:
             raise FeedError(f"not an MBP-10 record (rtype {f[_F_RTYPE]:#x}, length {f[_F_LENGTH] * 4})")
         if f[_F_IID] != self.spec.instrument_id:
             raise UnknownInstrument(f"record of instrument {f[_F_IID]} pushed to {self.spec.symbol}")
-        self._add(f)
+        self._add(f, self._mask(f))
         return self._take_closed()
 
     def push_records(self, records: np.ndarray) -> list[BarFrame]:
@@ -912,8 +912,10 @@ class IncrementalBars:
         if bad.any():
             self.push(contiguous[int(np.argmax(bad))].tobytes())  # raises the error push() gives
         add = self._add
-        for f in _REC.iter_unpack(contiguous.data.cast("B")):
-            add(f)
+        for f, mask in zip(
+            _REC.iter_unpack(contiguous.data.cast("B")), self._masks_of(contiguous), strict=True
+        ):
+            add(f, mask)
         frame = self._take_closed()
         return [] if frame is None else [frame]
 
@@ -935,9 +937,47 @@ class IncrementalBars:
         self._gap = self._gap_open = True
         self.monitor.gap(at_ns)
 
-    def _add(self, f: tuple[Any, ...]) -> None:
-        """One unpacked, checked record of this instrument: update the open bar; a bar it
-        closes goes to :attr:`_closed`."""
+    def _mask(self, f: tuple[Any, ...]) -> int:
+        """The record rules' fault bits of one unpacked record (the next one to add)."""
+        last = self._last
+        ts = f[_F_TS]
+        bid, ask = f[14], f[15]
+        return int(
+            fault_mask(
+                bid=bid,
+                ask=ask,
+                bid_sz=f[16],
+                ask_sz=f[17],
+                trade_price=f[_F_PRICE] if f[_F_ACTION] == ACTION_TRADE else 1,
+                ts=ts,
+                clock_before=ts if last is None else self._clock.clock_ts,
+                seq=f[_F_SEQ],
+                seq_before=f[_F_SEQ] if last is None else last[_F_SEQ],
+                bid_before=self._last_bid,
+                ask_before=self._last_ask,
+                tick=self._tick,
+                config=self._health,
+            )
+        )
+
+    def _masks_of(self, records: np.ndarray) -> list[int]:
+        """The fault bits of ``records`` (contiguous, this instrument's, the next ones to add):
+        the same rules over the batch at once (:func:`feeds.health.record_faults`), from the
+        state the previous record left."""
+        last = self._last
+        prev = None
+        if last is not None:
+            prev = PrevTop(self._clock.clock_ts, last[_F_SEQ], self._last_bid, self._last_ask)
+        bid = records["bid_px_00"].astype(np.int64)
+        ask = records["ask_px_00"].astype(np.int64)
+        masks: list[int] = record_faults(
+            records, bid, ask, prev=prev, tick=self._tick, config=self._health
+        ).tolist()
+        return masks
+
+    def _add(self, f: tuple[Any, ...], mask: int) -> None:
+        """One unpacked, checked record of this instrument with its fault bits: update the open
+        bar; a bar it closes goes to :attr:`_closed`."""
         ts = f[_F_TS]
         last = self._last
         clock = self._clock
@@ -954,22 +994,6 @@ class IncrementalBars:
 
         bids, asks, bsz, asz = f[14::6], f[15::6], f[16::6], f[17::6]
         bid, ask = bids[0], asks[0]
-        is_trade = f[_F_ACTION] == ACTION_TRADE
-        mask = fault_mask(
-            bid=bid,
-            ask=ask,
-            bid_sz=bsz[0],
-            ask_sz=asz[0],
-            trade_price=f[_F_PRICE] if is_trade else 1,
-            ts=ts,
-            clock_before=clock_before,
-            seq=f[_F_SEQ],
-            seq_before=f[_F_SEQ] if last is None else last[_F_SEQ],
-            bid_before=self._last_bid,
-            ask_before=self._last_ask,
-            tick=self._tick,
-            config=self._health,
-        )
         ok = mask == 0
         self._ts.append(ts)
         self._masks.append(mask)
@@ -992,7 +1016,7 @@ class IncrementalBars:
                     ofi[k] -= (bsz[k] - pqb[k]) - (asz[k] - pqa[k])
         else:
             self._end_sizes = f
-        if is_trade:
+        if f[_F_ACTION] == ACTION_TRADE:
             size = f[_F_SIZE]
             self._trades += 1
             self._volume += size
@@ -1135,9 +1159,19 @@ class IncrementalFeatures:
         if not good.all():
             self.rejected += int(good.shape[0] - np.count_nonzero(good))
             contiguous = take_mbp10(contiguous, good)
+            ids = contiguous["instrument_id"]
+        if not len(ids):
+            return []
+        masks = np.empty(len(ids), np.int64)
+        for iid, builder in self.by_id.items():
+            mine = ids == iid
+            if mine.all():
+                masks[:] = builder._masks_of(contiguous)
+            elif mine.any():
+                masks[mine] = builder._masks_of(take_mbp10(contiguous, mine))
         route = self.by_id.__getitem__
-        for f in _REC.iter_unpack(contiguous.data.cast("B")):
-            route(f[_F_IID])._add(f)
+        for f, mask in zip(_REC.iter_unpack(contiguous.data.cast("B")), masks.tolist(), strict=True):
+            route(f[_F_IID])._add(f, mask)
         out = []
         for builder in self.by_id.values():
             frame = builder._take_closed()

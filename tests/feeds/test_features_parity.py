@@ -83,6 +83,24 @@ def test_parity_on_a_faulty_random_book(bars: BarConfig, n: int) -> None:
     assert monitor.counters == incremental.monitor.counters
 
 
+@pytest.mark.parametrize(
+    "bars",
+    [BarConfig(clock="time", interval_s=0.1), BarConfig(clock="events", events=7)],
+    ids=["time", "events"],
+)
+def test_parity_record_by_record(bars: BarConfig) -> None:
+    """push() judges each record with the scalar form of the rules (push_records with the array
+    form) and finalises the bars each record closes on their own."""
+    records = faulty_book(3000, seed=11)
+    monitor = HealthMonitor(SPEC.instrument_id, SPEC.symbol)
+    vectorised = compute_bars(records, SPEC, bars, HEALTH, monitor)
+    incremental = IncrementalBars(SPEC, bars, HEALTH)
+    closed = [incremental.push(record.tobytes()) for record in records]
+    assert_same(vectorised, [frame for frame in closed if frame is not None])
+    assert episodes(monitor) == episodes(incremental.monitor)
+    assert monitor.counters == incremental.monitor.counters
+
+
 @pytest.mark.parametrize("path", sorted(DBN_SAMPLES.glob("test_data.mbp-10*.dbn*")), ids=lambda p: p.name)
 def test_parity_on_the_official_samples(path) -> None:
     records = read_mbp10(path)
