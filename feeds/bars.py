@@ -108,8 +108,7 @@ class BarClock:
     def on_record(self, ts_recv: int) -> list[int]:
         """Close times (ns) of the bars closed by a record received at ``ts_recv``."""
         if ts_recv <= self._inside:  # the usual case: the record falls in the open bar
-            if ts_recv > self.clock_ts:
-                self.clock_ts = ts_recv
+            self.clock_ts = max(self.clock_ts, ts_recv)
             return []
         if not self._time:
             self.clock_ts = max(self.clock_ts, ts_recv)
