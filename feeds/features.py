@@ -114,11 +114,12 @@ FEATURE_NAMES: tuple[str, ...] = (
     "tod_cos",
 )
 _F = len(FEATURE_NAMES)
-_COL = {name: i for i, name in enumerate(FEATURE_NAMES)}
-_OFI_COL = _COL["ofi_l1"]
+_OFI_COL = FEATURE_NAMES.index("ofi_l1")
 _SCALAR_NAMES = [name for name in FEATURE_NAMES if not name.startswith("ofi_")]
-"""The features :func:`_finalise` computes, in :data:`FEATURE_NAMES` order; the OFI columns
-(``ofi_l1..ofi_l10``, ``ofi_total``) sit together at ``_OFI_COL``."""
+"""The features other than order-flow imbalance, in :data:`FEATURE_NAMES` order; the OFI columns
+(``ofi_l1..ofi_l10``, then ``ofi_total``) sit together at ``_OFI_COL``."""
+assert FEATURE_NAMES[_OFI_COL : _OFI_COL + LEVELS + 1] == (*(f"ofi_l{m}" for m in range(1, 11)), "ofi_total")
+assert len(_SCALAR_NAMES) + LEVELS + 1 == _F
 _DAY_NS = 86_400 * 1_000_000_000
 _TWO_PI = 2.0 * math.pi
 
@@ -409,12 +410,11 @@ def _bar_frame(
         "tod_sin": np.sin(angle),
         "tod_cos": np.cos(angle),
     }
-    feats = np.empty((close_ts.shape[0], _F), np.float32)
-    for name, col in _COL.items():
-        if name in values:
-            feats[:, col] = values[name]
+    feats = np.empty((close_ts.shape[0], _F), np.float32)  # a few whole-block copies, not F
+    feats[:, :_OFI_COL] = np.array([values[name] for name in _SCALAR_NAMES[:_OFI_COL]]).T
     feats[:, _OFI_COL : _OFI_COL + LEVELS] = ofi
-    feats[:, _COL["ofi_total"]] = ofi.sum(axis=1)
+    feats[:, _OFI_COL + LEVELS] = ofi.sum(axis=1)
+    feats[:, _OFI_COL + LEVELS + 1 :] = np.array([values[name] for name in _SCALAR_NAMES[_OFI_COL:]]).T
     return BarFrame(
         instrument_id=spec.instrument_id,
         symbol=spec.symbol,
