@@ -162,6 +162,7 @@ class Daemon:
         self._scheduler: RetrainScheduler | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Task[None]] = set()
         self._probing = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -336,6 +337,7 @@ class Daemon:
         for task in self._tasks[:2]:  # feed and decisions
             task.cancel()
         await asyncio.gather(*self._tasks[:2], return_exceptions=True)
+        await asyncio.gather(*self._sending, return_exceptions=True)  # orders in flight leave first
         self._cancel_all("shutdown")
         venue = self._venue
         if venue is not None:
@@ -392,8 +394,10 @@ class Daemon:
                     await self._on_health(event)
                 elif replay:
                     await self._on_replay_batch(event)
-                else:
-                    self._on_records(event.records, event.received_ns)
+                elif self._on_records(event.records, event.received_ns):
+                    # A source with a backlog returns batches without suspending: hand the
+                    # loop to the decision task now, not when the backlog is drained.
+                    await asyncio.sleep(0)
             log.warning("%s: end of data", source.name)
         except Exception:
             self._feed_ok = False
@@ -412,7 +416,8 @@ class Daemon:
                 self._idle.clear()
                 await self._idle.wait()
 
-    def _on_records(self, records: np.ndarray[Any, np.dtype[np.void]], arrival_ns: int) -> None:
+    def _on_records(self, records: np.ndarray[Any, np.dtype[np.void]], arrival_ns: int) -> bool:
+        """Feed the venue and the features; True when bars closed (decisions are queued)."""
         self._feed_clock_ns = max(self._feed_clock_ns, int(records["ts_recv"][-1]))
         self._feed_wall_ns = time.time_ns()
         venue = self._venue
@@ -421,6 +426,7 @@ class Daemon:
         frames = self.features.push_records(records)
         if frames:
             self._enqueue(frames, arrival_ns)
+        return bool(frames)
 
     def _enqueue(self, frames: list[BarFrame], arrival_ns: int) -> None:
         for frame in frames:
@@ -548,7 +554,9 @@ class Daemon:
                     },
                 )
         if orders:
-            await self._send(orders, [c.arrival_ns for c in self._arrivals(orders, batch)])
+            # The commit and the send run beside the decision task: the next bar's decision never
+            # waits for this one's ledger commit (the orders already count as working).
+            self._spawn_send(orders, [c.arrival_ns for c in self._arrivals(orders, batch)])
 
     def _arrivals(
         self, orders: list[NewOrder], batch: list[tuple[int, tuple[int, int, _Close]]]
@@ -886,11 +894,17 @@ class Daemon:
         except StorageError as exc:
             log.warning("event %s not journaled: %s", kind, exc)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``coro`` as a tracked background task (awaited, bounded, at shutdown)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
+
+    def _spawn_send(self, orders: list[NewOrder], arrivals: list[int]) -> None:
+        task = self._spawn(self._send(orders, arrivals))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     # -- orders maintenance --------------------------------------------------------------------
 
@@ -929,7 +943,7 @@ class Daemon:
             )
             for iid, q in positions.items()
         ]
-        self._spawn(self._send(orders, [time.time_ns()] * len(orders)))
+        self._spawn_send(orders, [time.time_ns()] * len(orders))
 
     # -- control ---------------------------------------------------------------------------------
 
