@@ -13,19 +13,18 @@ import argparse
 import datetime as dt
 import sys
 from pathlib import Path
-from types import TracebackType
 
 import msgspec
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from agent.backtest.inputs import parse_date
 from agent.backtest.run import FAST_CHUNKS, BacktestRequest, run_backtest
+from agent.commands.progress import RichProgress
 from agent.config import load_config
 from agent.errors import CommandError
 from agent.reports.backtest import write_backtest
 
-__all__ = ["RichProgress", "register"]
+__all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,35 +54,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
     parser.set_defaults(func=_run)
-
-
-class RichProgress:
-    """Rich progress bars on stderr, one per named phase (the runners' ``Progress`` protocol)."""
-
-    def __init__(self, console: Console) -> None:
-        self._progress = Progress(
-            TextColumn("{task.description:<10}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        )
-        self._tasks: dict[str, TaskID] = {}
-
-    def __enter__(self) -> RichProgress:
-        self._progress.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._progress.stop()
-
-    def start(self, name: str, total: int) -> None:
-        self._tasks[name] = self._progress.add_task(name, total=total)
-
-    def advance(self, name: str, amount: int = 1) -> None:
-        self._progress.advance(self._tasks[name], amount)
 
 
 def _run(args: argparse.Namespace) -> int:

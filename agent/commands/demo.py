@@ -37,7 +37,7 @@ from rich.console import Console
 
 from agent.backtest.run import BacktestRequest, run_backtest
 from agent.bench.nats_server import NatsServer, NatsServerUnavailable
-from agent.commands.backtest import RichProgress
+from agent.commands.progress import RichProgress
 from agent.config import Config, load_config
 from agent.control.client import ControlClient
 from agent.control.endpoints import control_endpoint

@@ -11,19 +11,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 import msgspec
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from agent.commands.progress import RichProgress
 from agent.config import Config, load_config
 from agent.errors import CommandError
+from agent.reports.page import write_atomic
 from agent.train.errors import TrainTimeout
 from agent.train.report import write_report
 from agent.train.run import TrainRequest, TrainSummary, run_training
@@ -47,48 +45,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--report", metavar="PATH", help="HTML report (default: <data_dir>/reports/)")
     parser.add_argument("--json", action="store_true", help="print the JSON summary on stdout")
     parser.set_defaults(func=_run)
-
-
-class _Bars:
-    """Rich progress bars on stderr, one per phase of the run."""
-
-    def __init__(self, console: Console) -> None:
-        self._progress = Progress(
-            TextColumn("{task.description:<6}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        )
-        self._tasks: dict[str, TaskID] = {}
-
-    def __enter__(self) -> _Bars:
-        self._progress.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._progress.stop()
-
-    def start(self, name: str, total: int) -> None:
-        self._tasks[name] = self._progress.add_task(name, total=total)
-
-    def advance(self, name: str, amount: int = 1) -> None:
-        self._progress.advance(self._tasks[name], amount)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -116,18 +72,18 @@ def _run(args: argparse.Namespace) -> int:
     )
     console = Console(stderr=True)
     try:
-        with _Bars(console) as bars:
+        with RichProgress(console) as bars:
             result = run_training(config, request, bars)
     except TrainTimeout as exc:
         summary = TrainSummary(timed_out=True, halt_reason=str(exc), seed=config.seed)
-        _write_atomic(summary_path, msgspec.json.encode(summary).decode() + "\n")
+        write_atomic(summary_path, msgspec.json.encode(summary).decode() + "\n")
         if args.json:
             sys.stdout.write(msgspec.json.encode(summary).decode() + "\n")
         console.print(f"train: time limit reached ({exc}); nothing was registered. Summary: {summary_path}")
         return EXIT_TIMEOUT
     summary = result.summary
     text = msgspec.json.encode(summary).decode()
-    _write_atomic(summary_path, json.dumps(json.loads(text), indent=1) + "\n")
+    write_atomic(summary_path, json.dumps(json.loads(text), indent=1) + "\n")
     write_report(result, report_path)
     if args.json:
         sys.stdout.write(text + "\n")
