@@ -1069,24 +1069,22 @@ class Daemon:
 
 
 def _persisted_halt(sql: SqlWorker) -> tuple[HaltKind, str] | None:
-    """The latched halt left by the last halt/resume events, if the last one was a halt."""
-    last: tuple[int, str, dict[str, Any], str] | None = None
+    """The latched halt (risk or operator) left by the journal: the last such ``halt`` event
+    not followed by an operator ``resume`` (a database recovery's ``resume`` does not count)."""
+    events = []
     for kind in ("halt", "resume"):
         after = 0
-        while True:
-            page = sql.journal.events(kind=kind, after_id=after, limit=1000)
-            if not page:
-                break
+        while page := sql.journal.events(kind=kind, after_id=after, limit=1000):
+            events.extend(page)
             after = page[-1].id
-            if last is None or page[-1].id > last[0]:
-                ev = page[-1]
-                last = (ev.id, ev.kind, dict(ev.details or {}), ev.message)
-    if last is None or last[1] != "halt":
-        return None
-    halt_kind = last[2].get("kind", "operator")
-    if halt_kind not in ("risk", "operator"):
-        return None
-    return ("risk" if halt_kind == "risk" else "operator"), last[3]
+    latched: tuple[HaltKind, str] | None = None
+    for event in sorted(events, key=lambda e: e.id):
+        halt_kind = (event.details or {}).get("kind")
+        if event.kind == "halt" and halt_kind in ("risk", "operator"):
+            latched = ("risk" if halt_kind == "risk" else "operator"), event.message
+        elif event.kind == "resume" and halt_kind != "database":
+            latched = None
+    return latched
 
 
 def run_daemon(config: Config, config_path: str | None = None) -> int:
