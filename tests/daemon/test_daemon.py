@@ -297,3 +297,34 @@ async def test_flatten_and_a_persisted_operator_halt(tmp_path: Path) -> None:
         assert "operator" in daemon.halts.active
         reply = await asyncio.to_thread(client.request, "resume")
         assert reply["cleared"] == ["operator"] and reply["halts"] == {}
+
+
+async def test_nightly_retrain_promotion_is_swapped_in_and_a_failed_one_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    feed = tmp_path / "synth"
+    synth_feed(feed)
+    config = _setup(tmp_path, _replay(feed, pace=20.0))
+    retrain = tmp_path / "retrain.py"
+    retrain.write_text(
+        "import sys\n"
+        "from agent.config import load_config\n"
+        "from tests.daemon.support import install_model, model_checkpoint\n"
+        "if sys.argv[1] == 'fail':\n"
+        "    sys.exit('gates failed')\n"
+        f"config = load_config({str(tmp_path / 'daemon.toml')!r}, env={{}})\n"
+        "install_model(config, *model_checkpoint(seed=5))\n",
+        encoding="utf-8",
+    )
+    async with running(config) as daemon:
+        scheduler = daemon._scheduler
+        assert scheduler is not None
+        serving = daemon.status()["model"]
+        scheduler.command = [sys.executable, str(retrain), "fail"]
+        assert (await scheduler.trigger()).outcome == "failed"
+        await asyncio.sleep(0.5)
+        assert daemon.status()["model"] == serving and not daemon.halts
+        scheduler.command = [sys.executable, str(retrain), "promote"]
+        assert (await scheduler.trigger()).outcome == "ok"
+        await wait_for(lambda: daemon.status()["model"] != serving, 30)
+        assert daemon.counts["retrain_ok"] == 1 and daemon.counts["retrain_failed"] == 1
