@@ -841,10 +841,10 @@ class IncrementalBars:
         self._gap = False  # a gap was reported in the open bar
         self._gap_open = False  # the gap episode waits for the next record
         self._stale_open = False  # the clock found the feed stale; the next record ends it
+        self._event_clock = bars.clock == "events"
         # the previous record
         self._last: tuple[Any, ...] | None = None
         self._last_ok = False
-        self._last_bid = self._last_ask = UNDEF_PRICE  # valid best prices, for the jump rule
         # the last healthy record and the previous close
         self._healthy: tuple[Any, ...] | None = None
         self._book: tuple[int, ...] = (0,) * len(BOOK_INTS)
@@ -941,11 +941,10 @@ class IncrementalBars:
         """The record rules' fault bits of one unpacked record (the next one to add)."""
         last = self._last
         ts = f[_F_TS]
-        bid, ask = f[14], f[15]
         return int(
             fault_mask(
-                bid=bid,
-                ask=ask,
+                bid=f[14],
+                ask=f[15],
                 bid_sz=f[16],
                 ask_sz=f[17],
                 trade_price=f[_F_PRICE] if f[_F_ACTION] == ACTION_TRADE else 1,
@@ -953,8 +952,8 @@ class IncrementalBars:
                 clock_before=ts if last is None else self._clock.clock_ts,
                 seq=f[_F_SEQ],
                 seq_before=f[_F_SEQ] if last is None else last[_F_SEQ],
-                bid_before=self._last_bid,
-                ask_before=self._last_ask,
+                bid_before=UNDEF_PRICE if last is None else valid_top(last[14]),
+                ask_before=UNDEF_PRICE if last is None else valid_top(last[15]),
                 tick=self._tick,
                 config=self._health,
             )
@@ -967,7 +966,7 @@ class IncrementalBars:
         last = self._last
         prev = None
         if last is not None:
-            prev = PrevTop(self._clock.clock_ts, last[_F_SEQ], self._last_bid, self._last_ask)
+            prev = PrevTop(self._clock.clock_ts, last[_F_SEQ], valid_top(last[14]), valid_top(last[15]))
         bid = records["bid_px_00"].astype(np.int64)
         ask = records["ask_px_00"].astype(np.int64)
         masks: list[int] = record_faults(
@@ -992,8 +991,7 @@ class IncrementalBars:
         if closes:
             self._close(closes, clock_before)
 
-        bids, asks, bsz, asz = f[14::6], f[15::6], f[16::6], f[17::6]
-        bid, ask = bids[0], asks[0]
+        bids, asks = f[14::6], f[15::6]
         ok = mask == 0
         self._ts.append(ts)
         self._masks.append(mask)
@@ -1001,17 +999,17 @@ class IncrementalBars:
             ofi = self._ofi
             if ok and self._last_ok:
                 if bids != last[14::6]:
-                    pb, pq = last[14::6], last[16::6]
+                    pb, q, pq = last[14::6], f[16::6], last[16::6]
                     for k in range(LEVELS):
                         if bids[k] != pb[k]:
-                            ofi[k] += ofi_price_term(bids[k], pb[k], bsz[k], pq[k], bid=True)
+                            ofi[k] += ofi_price_term(bids[k], pb[k], q[k], pq[k], bid=True)
                 if asks != last[15::6]:
-                    pa, pq = last[15::6], last[17::6]
+                    pa, q, pq = last[15::6], f[17::6], last[17::6]
                     for k in range(LEVELS):
                         if asks[k] != pa[k]:
-                            ofi[k] += ofi_price_term(asks[k], pa[k], asz[k], pq[k], bid=False)
+                            ofi[k] += ofi_price_term(asks[k], pa[k], q[k], pq[k], bid=False)
             else:  # a pair with an unhealthy record adds no flow
-                pqb, pqa = last[16::6], last[17::6]
+                bsz, asz, pqb, pqa = f[16::6], f[17::6], last[16::6], last[17::6]
                 for k in range(LEVELS):
                     ofi[k] -= (bsz[k] - pqb[k]) - (asz[k] - pqa[k])
         else:
@@ -1026,7 +1024,7 @@ class IncrementalBars:
             elif side == SIDE_ASK:
                 self._signed -= size
         if ok:
-            mid2 = bid + ask
+            mid2 = bids[0] + asks[0]
             half_ticks = mid2 // self._tick
             if half_ticks > 0 and self._half_ticks > 0:
                 step = half_ticks - self._half_ticks
@@ -1038,11 +1036,9 @@ class IncrementalBars:
             self._n_bad += 1
         self._last = f
         self._last_ok = ok
-        self._last_bid = valid_top(bid)
-        self._last_ask = valid_top(ask)
         self._n_open += 1
         self._n_seen += 1
-        if clock.after_record():
+        if self._event_clock and clock.after_record():
             self._close([clock.clock_ts], clock.clock_ts)
 
     def _close(self, closes: list[int], last_clock: int) -> None:
