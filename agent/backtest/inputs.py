@@ -34,6 +34,7 @@ from storage.floors import LearnedFloors
 from storage.records import instrument_set_key
 from storage.registry import ModelRegistry
 from storage.schema import open_database
+from storage.url import is_embedded, resolve_url
 
 __all__ = [
     "DaySelection",
@@ -141,16 +142,22 @@ def resolve_checkpoint(
             f"--checkpoint {spec}: no such file, and not 'promoted' or a sha256 (8 to 64 hex digits)"
         )
     store = CheckpointStore.for_data_dir(data_dir)
-    database = open_database(storage, data_dir)
-    try:
-        floors = {iid: v.value for (iid, _), v in LearnedFloors(database).all(VOL_REF_FLOOR).items()}
-        record = None
-        if spec == "promoted":
-            key = instrument_set_key([s.symbol for s in feeds.instruments])
-            record = ModelRegistry(database).current_promoted(key)
-    finally:
-        database.close()
+    url = resolve_url(storage, data_dir)
+    floors: dict[int, float] = {}
+    record = None
+    # A backtest never creates a database: without the embedded one there is nothing promoted
+    # and no learned floor.
+    if not (is_embedded(storage) and url.database and not Path(url.database).is_file()):
+        database = open_database(storage, data_dir)
+        try:
+            floors = {iid: v.value for (iid, _), v in LearnedFloors(database).all(VOL_REF_FLOOR).items()}
+            if spec == "promoted":
+                key = instrument_set_key([s.symbol for s in feeds.instruments])
+                record = ModelRegistry(database).current_promoted(key)
+        finally:
+            database.close()
     if spec == "promoted":
+        key = instrument_set_key([s.symbol for s in feeds.instruments])
         if record is None:
             raise BacktestError(
                 f"--checkpoint promoted: no promoted checkpoint for {key} in {data_dir} "

@@ -73,6 +73,7 @@ def test_checkpoint_that_does_not_exist(
     assert code == 2 and "no such file" in err
     code, err = _backtest(capsys, tmp_path, "--data", str(signal_data), "--checkpoint", "promoted")
     assert code == 2 and "no promoted checkpoint" in err
+    assert not (tmp_path / "state").exists(), "a backtest never creates a database"
 
 
 def test_checkpoint_that_does_not_match_the_features(
