@@ -255,7 +255,7 @@ class EventDriver:
                 frame.features[r : r + 1],
                 positions=positions,
                 entry_px=np.asarray([self.portfolio.avg_price(iid)]),
-                mid_px=np.asarray([float(frame.mid_price[r]) * PRICE_SCALE]),
+                mid_ticks=frame.mid_ticks[r : r + 1].astype(np.float64),
                 tick_px=self.tick_px[i : i + 1],
                 reward_scale=self.config.train.reward_scale,
             )

@@ -176,7 +176,7 @@ def run_fast(
     offsets = np.concatenate([[0], np.cumsum(n_bars)]).astype(np.int64)
     feats = np.concatenate([f.features for f in frames])
     tradable = np.concatenate([f.tradable for f in frames])
-    mid_px = np.concatenate([f.mid_price * PRICE_SCALE for f in frames])
+    mid_ticks = np.concatenate([f.mid_ticks for f in frames]).astype(np.float64)
     ts_close = np.concatenate([f.ts_close for f in frames])
     exec_index = np.concatenate(
         [
@@ -211,7 +211,7 @@ def run_fast(
             feats[g],
             positions=pos,
             entry_px=ledger.avg_price[active],
-            mid_px=mid_px[g],
+            mid_ticks=mid_ticks[g],
             tick_px=tick_px[who_inst],
             reward_scale=reward_scale,
         )

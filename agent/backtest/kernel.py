@@ -60,16 +60,17 @@ def model_inputs(
     *,
     positions: npt.NDArray[np.int64],
     entry_px: F64,
-    mid_px: F64,
+    mid_ticks: F64,
     tick_px: F64,
     reward_scale: float,
 ) -> npt.NDArray[np.float32]:
     """Rows ``[B, F + 2]`` for the engine: market features ``[B, F]`` plus the agent's unit
-    position and unrealised P&L (``sign(pos) * (mid - entry)`` in ticks, normalised and clipped),
-    as the daemon computes them. Prices are 1e-9 fixed point; ``entry_px`` is the average entry
-    price of the open position (ignored when flat)."""
+    position and unrealised P&L (``sign(pos) * (mid_ticks - entry_px / tick_px)`` in ticks,
+    normalised and clipped), exactly as the daemon computes them. ``entry_px`` is the average
+    entry price of the open position (1e-9 fixed point, ignored when flat), ``mid_ticks`` the bar
+    frame's close mid in ticks and ``tick_px`` the tick in fixed point."""
     unit = np.sign(positions).astype(np.float64)
-    upnl = np.where(positions != 0, unit * (mid_px / tick_px - entry_px / tick_px), 0.0)
+    upnl = np.where(positions != 0, unit * (mid_ticks - entry_px / tick_px), 0.0)
     agent = agent_features(np, unit.astype(np.float32), upnl, reward_scale)
     return np.concatenate([np.asarray(features, dtype=np.float32), agent], axis=1)
 
