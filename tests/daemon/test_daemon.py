@@ -328,3 +328,32 @@ async def test_nightly_retrain_promotion_is_swapped_in_and_a_failed_one_changes_
         assert (await scheduler.trigger()).outcome == "ok"
         await wait_for(lambda: daemon.status()["model"] != serving, 30)
         assert daemon.counts["retrain_ok"] == 1 and daemon.counts["retrain_failed"] == 1
+
+
+async def test_orderly_stop_cancels_a_resting_order(tmp_path: Path) -> None:
+    feed = tmp_path / "synth"
+    synth_feed(feed)
+    config = _setup(tmp_path, _replay(feed, pace=0.0))
+    async with running(config) as daemon:
+        await wait_for(lambda: daemon.status()["feed"]["records"] > 1000 and not daemon._reports, 30)
+        await wait_for(lambda: not daemon.orders.open_orders(), 30)
+        book = daemon.features.by_id[ES].book()
+        assert book is not None and book.best_bid is not None
+        # A bid 40 ticks under the market: it rests (or is still on its way), and nothing but
+        # the orderly stop closes it.
+        order = daemon.orders.new(
+            ES,
+            "buy",
+            1,
+            ts_ns=daemon._feed_clock_ns,
+            order_type="limit",
+            limit_price=book.best_bid - 40 * 250_000_000,
+        )
+        daemon._spawn_send([order], [0])
+        await wait_for(lambda: not daemon._sending, 10)  # recorded in the ledger, then sent
+    database = open_database(config.storage, config.data_dir)
+    try:
+        record = Ledger(database).order(order.client_order_id)
+    finally:
+        database.close()
+    assert (record.status, record.filled_qty) == ("cancelled", 0)
