@@ -76,9 +76,24 @@ def render_backtest(result: BacktestResult) -> str:
         ts, eq = books.equity()
         curves.append((name, ts.astype(float), eq, COLOURS[name], name != "candidate"))
     sections.append("<h2>Equity and drawdown</h2>")
+    # The random baseline pays the spread at most bars: on the same axes it would flatten every
+    # other curve, so it gets the second chart with all four.
     sections.append(
         line_chart(
-            "Cumulative P&L after costs", curves, x_label="time (UTC)", y_label="currency", x_dates=True
+            "Cumulative P&L after costs: candidate, flat and always long",
+            [c for c in curves if c[0] != "random"],
+            x_label="time (UTC)",
+            y_label="currency",
+            x_dates=True,
+        )
+    )
+    sections.append(
+        line_chart(
+            "Cumulative P&L after costs: with the random baseline",
+            curves,
+            x_label="time (UTC)",
+            y_label="currency",
+            x_dates=True,
         )
     )
     ts, eq = result.books.equity()

@@ -27,7 +27,8 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
 )
 EXPECTED_PLOTS = (
-    "Cumulative P&amp;L after costs",
+    "Cumulative P&amp;L after costs: candidate, flat and always long",
+    "Cumulative P&amp;L after costs: with the random baseline",
     "Drawdown of the candidate",
     "Position (contracts)",
     "Kelly size of each decision, signed by direction",
