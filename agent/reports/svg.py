@@ -93,9 +93,9 @@ def line_chart(
         xv = x0 + (x1 - x0) * i / 4
         parts.append(f'<line x1="{left}" x2="{right}" y1="{sy(yv):.1f}" y2="{sy(yv):.1f}" class="grid"/>')
         parts.append(f'<text x="{left - 4}" y="{sy(yv) + 4:.1f}" text-anchor="end">{yv:,.3g}</text>')
-        parts.append(
-            f'<text x="{sx(xv):.1f}" y="{bottom + 16}" text-anchor="middle">{_tick_label(xv, x_dates)}</text>'
-        )
+        anchor = ("start", "middle", "middle", "middle", "end")[i]  # the outer labels stay inside
+        label = _tick_label(xv, x_dates)
+        parts.append(f'<text x="{sx(xv):.1f}" y="{bottom + 16}" text-anchor="{anchor}">{label}</text>')
     parts.append(
         f'<text x="{(left + right) / 2}" y="{HEIGHT - 6}" text-anchor="middle">{html.escape(x_label)}</text>'
     )
@@ -107,7 +107,7 @@ def line_chart(
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys, strict=True))
         dash = ' stroke-dasharray="5 4"' if dashed else ""
         parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.6"{dash}/>')
-        if xs.size == 1 or len(pts) == 1:
+        if xs.size == 1 or (len(pts) == 1 and xs.size <= 60):  # mark the points of short series
             parts.extend(
                 f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{colour}"/>'
                 for x, y in zip(xs, ys, strict=True)
