@@ -48,11 +48,28 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at emit time (not the object seen at set-up), so a
+    CLI run inside a host that swaps stderr (a test runner, an embedding program) never writes
+    to a stream that has since been closed."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def setup_logging(fmt: Literal["auto", "json", "text"] = "auto", level: int = logging.INFO) -> None:
     """Configure the root logger once for the process (stderr)."""
     if fmt == "auto":
         fmt = "json" if os.environ.get("JOURNAL_STREAM") else "text"
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
