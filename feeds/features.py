@@ -350,21 +350,21 @@ def _book_values(book: np.ndarray, tick: int) -> dict[str, np.ndarray]:
     bid, ask, qb, qa = book[0], book[1], book[2], book[3]
     top = qb + qa
     spread = (ask - bid) / tick
-    out = {
+    depth_b, depth_a = book[4:8], book[8:12]  # (4, n): levels 1, 3, 5, 10
+    total = depth_b + depth_a
+    imbalance = (depth_b - depth_a) / np.where(total > 0, total, 1)
+    log_depth = np.log1p(book[[7, 11]].astype(np.float64))
+    return {
         "mid_ticks": (bid + ask) / (2 * tick),
         "spread_ticks": spread,
         "microprice_offset_ticks": spread * (qb - qa) / (2 * np.where(top > 0, top, 1)),
         "bid_price": bid / PRICE_SCALE,
         "ask_price": ask / PRICE_SCALE,
         "mid_price": (bid + ask) / (2 * PRICE_SCALE),
-        "log_depth_bid_l10": np.log1p(book[7].astype(np.float64)),
-        "log_depth_ask_l10": np.log1p(book[11].astype(np.float64)),
+        "log_depth_bid_l10": log_depth[0],
+        "log_depth_ask_l10": log_depth[1],
+        **{f"depth_imbalance_l{k}": imbalance[i] for i, k in enumerate(_DEPTH_LEVELS)},
     }
-    for i, k in enumerate(_DEPTH_LEVELS):
-        b_k, a_k = book[4 + i], book[8 + i]
-        total = b_k + a_k
-        out[f"depth_imbalance_l{k}"] = (b_k - a_k) / np.where(total > 0, total, 1)
-    return out
 
 
 def _bar_frame(
@@ -1151,7 +1151,8 @@ class IncrementalFeatures:
         _check_records(records)
         contiguous = np.ascontiguousarray(records)
         ids = contiguous["instrument_id"]
-        good = mbp10_header_ok(contiguous) & np.isin(ids, self._ids)
+        known = (ids[:, None] == self._ids).any(axis=1)  # np.isin is 3x slower on a batch
+        good = mbp10_header_ok(contiguous) & known
         if not good.all():
             self.rejected += int(good.shape[0] - np.count_nonzero(good))
             contiguous = take_mbp10(contiguous, good)
