@@ -820,8 +820,9 @@ class IncrementalBars:
 
     ``push`` takes the 368 raw bytes of one MBP-10 record (what a NATS message carries; from an
     array, :meth:`push_records`). Per record it unpacks the fields once and updates the open
-    bar's sufficient statistics in plain Python with the shared definitions (:func:`fault_mask`,
-    :func:`ofi_price_term`); a bar that closes leaves its statistics (integers), and the bars
+    bar's sufficient statistics in plain Python with the shared definitions (the record rules,
+    :func:`fault_mask` on one record, or :func:`feeds.health.record_faults` on a pushed batch at
+    once; :func:`ofi_price_term`); a bar that closes leaves its statistics (integers), and the bars
     closed by one call become one :class:`BarFrame` through :func:`_bar_frame`, the function
     the vectorised path uses (so a batch of records pays NumPy's per-call costs once, not per
     bar). :meth:`poll` with the caller's clock (simulated in replay) closes due time bars and
