@@ -143,7 +143,10 @@ def test_recorder_killed_mid_stream_loses_nothing_and_resumes_without_duplicates
         # Restarted, it resumes from its durable consumer and completes the archive.
         recorder = start(record_args, env, log)
         messages = relayed["messages"]
-        wait_for("the restarted recorder to catch up", lambda: fully_acked(nats_server, messages))
+        try:
+            wait_for("the restarted recorder to catch up", lambda: fully_acked(nats_server, messages))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; recorder exit code {recorder.poll()}\n{log.read_text()}") from None
         recorder.send_signal(signal.SIGTERM)
         record_out, _ = recorder.communicate(timeout=WAIT_S)
         assert recorder.returncode == 0, log.read_text()
