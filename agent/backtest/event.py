@@ -34,9 +34,10 @@ from agent.backtest.kernel import Decider, DecisionLog, model_inputs
 from agent.config import Config
 from agent.daemon.risk import RiskLimits
 from agent.execution.broker import PaperBroker
+from agent.execution.ledger_rows import ledger_fills, ledger_orders
 from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
-from agent.execution.protocol import Cancelled, Fill, NewOrder, Reject, Report
+from agent.execution.protocol import Cancelled, Fill, Reject, Report
 from agent.policy.regime import RegimeTracker
 from feeds.book import tick_fixed
 from feeds.config import InstrumentSpec
@@ -47,8 +48,7 @@ from storage.engine import Database
 from storage.instruments import Instruments
 from storage.journal import Journal
 from storage.ledger import Ledger
-from storage.records import InstrumentInfo, NewFill
-from storage.records import NewOrder as LedgerOrder
+from storage.records import InstrumentInfo
 
 __all__ = ["EventDriver", "EventRun"]
 
@@ -197,19 +197,7 @@ class EventDriver:
         """Fills are committed to the ledger first, then counted by the orders and the position."""
         fills = [r for r in reports if isinstance(r, Fill)]
         if fills:
-            self.ledger.record_fills(
-                [
-                    NewFill(
-                        fill_id=f.fill_id,
-                        client_order_id=f.client_order_id,
-                        qty=f.qty,
-                        price=f.price,
-                        ts_ns=f.ts_ns,
-                        fee=f.fee,
-                    )
-                    for f in fills
-                ]
-            )
+            self.ledger.record_fills(ledger_fills(fills))
         for report in reports:
             if isinstance(report, Fill):
                 self.orders.apply(report)
@@ -284,7 +272,7 @@ class EventDriver:
 
     def _send(self, iid: int, i: int, bar: int, delta: int, now_ns: int) -> None:
         order = self.orders.new(iid, "buy" if delta > 0 else "sell", abs(delta), ts_ns=now_ns)
-        self.ledger.record_orders([_ledger_order(order, self.session_id)])
+        self.ledger.record_orders(ledger_orders([order], account=ACCOUNT, session_id=self.session_id))
         self.order_bar[order.client_order_id] = (i, bar)
         self.risk.order_sent(now_ns / 1e9)
         self._count("orders")
@@ -322,17 +310,3 @@ class EventDriver:
             mark = self.marks.get(spec.instrument_id, pos.avg_price * PRICE_SCALE) / PRICE_SCALE
             total += (pos.realized_points + pos.qty * (mark - pos.avg_price)) * per_point - pos.fees
         return total
-
-
-def _ledger_order(order: NewOrder, session_id: int) -> LedgerOrder:
-    return LedgerOrder(
-        client_order_id=order.client_order_id,
-        instrument_id=order.instrument_id,
-        side=order.side,
-        qty=order.qty,
-        ts_ns=order.ts_ns,
-        order_type=order.order_type,
-        limit_price=order.limit_price,
-        account=ACCOUNT,
-        session_id=session_id,
-    )

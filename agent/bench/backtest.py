@@ -37,7 +37,7 @@ from rich.progress import Progress
 from agent.backtest.event import EventDriver
 from agent.backtest.fast import load_bars, regime_path, run_fast
 from agent.backtest.kernel import ModelDecider
-from agent.bench.feed import _feed_file
+from agent.bench.feed import feed_file
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.params import init_params
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
     console = Console(stderr=True)
     checkpoint = _checkpoint(config)
     with Progress(console=console, transient=True) as progress:
-        path = _feed_file(config, args.records, args.seed, progress)
+        path = feed_file(config, args.records, args.seed, progress)
         task = progress.add_task("vectorised driver", total=None)
         fast_rate, bars, fast_decisions = _fast(path, config, checkpoint, max(1, args.chunks))
         event_path = path

@@ -65,7 +65,7 @@ from feeds.features import IncrementalFeatures, compute_file
 from feeds.sources import NatsSource, RecordBatch, config_symbols
 from feeds.synth import write_synthetic
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "feed_file", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _feed_file(config: Config, records: int, seed: int, progress: Progress) -> Path:
+def feed_file(config: Config, records: int, seed: int, progress: Progress) -> Path:
     """The cached benchmark file: the first ``records`` records of synthetic days."""
     fingerprint = hashlib.sha256(
         msgspec.json.encode([config.synth, config.feeds.instruments, records, seed])
@@ -244,7 +244,7 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
     )
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as progress:
-        path = _feed_file(config, args.records, args.seed, progress)
+        path = feed_file(config, args.records, args.seed, progress)
         plain = _plain_copy(path)
         task = progress.add_task("vectorised path", total=None)
         vectorised, vectorised_cpu, bars = _vectorised(plain, feeds, args.records, args.repeat)

@@ -61,6 +61,7 @@ from agent.daemon.scheduler import RetrainResult, RetrainScheduler, default_comm
 from agent.daemon.store import SqlWorker
 from agent.daemon.telemetry import Telemetry
 from agent.errors import AgentError
+from agent.execution.ledger_rows import ledger_fills, ledger_orders
 from agent.execution.orders import OpenOrder, OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Ack, Cancelled, CancelOrder, Fill, NewOrder, Reject, Report, Side
@@ -75,8 +76,7 @@ from feeds.health import fault_mask
 from feeds.records import PRICE_SCALE, UNDEF_PRICE
 from feeds.sources import HealthEvent, HealthKind, RecordBatch, Source, build_source
 from storage.errors import DatabaseUnavailable, StorageError
-from storage.records import InstrumentInfo, NewFill, OrderStatus, instrument_set_key
-from storage.records import NewOrder as LedgerOrder
+from storage.records import InstrumentInfo, OrderStatus, instrument_set_key
 from storage.schema import open_database
 
 __all__ = ["Daemon", "run_daemon"]
@@ -638,20 +638,7 @@ class Daemon:
         """Record the orders in the ledger, then send them (never the other way round)."""
         sql, venue = self._sql, self._venue
         assert sql is not None and venue is not None
-        rows = [
-            LedgerOrder(
-                client_order_id=o.client_order_id,
-                instrument_id=o.instrument_id,
-                side=o.side,
-                qty=o.qty,
-                ts_ns=o.ts_ns,
-                order_type=o.order_type,
-                limit_price=o.limit_price,
-                account=self.account,
-                session_id=self.session_id,
-            )
-            for o in orders
-        ]
+        rows = ledger_orders(orders, account=self.account, session_id=self.session_id)
         started = time.perf_counter_ns()
         try:
             await sql.call_orders(sql.ledger.record_orders, rows)
@@ -721,20 +708,7 @@ class Daemon:
                 if not isinstance(report, Fill):
                     break
                 fills.append(report)
-            result = await sql.call(
-                sql.ledger.record_fills,
-                [
-                    NewFill(
-                        fill_id=f.fill_id,
-                        client_order_id=f.client_order_id,
-                        qty=f.qty,
-                        price=f.price,
-                        ts_ns=f.ts_ns,
-                        fee=f.fee,
-                    )
-                    for f in fills
-                ],
-            )
+            result = await sql.call(sql.ledger.record_fills, ledger_fills(fills))
             for _ in fills:
                 self._reports.popleft()
             inserted = set(result.inserted)
