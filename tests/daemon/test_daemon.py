@@ -260,12 +260,13 @@ async def test_inference_failure_halts_new_orders_and_keeps_state(
 
         engine.decide = broken  # type: ignore[method-assign]
         await wait_for(lambda: daemon.counts["inference_failures"] >= 1, 30)
+        if fallback:  # the failure is counted first; the CPU engine is built on a worker thread
+            await wait_for(lambda: daemon._models is not None and daemon._models.engine is not engine, 30)
         await wait_for(lambda: not daemon.orders.open_orders() and not daemon._reports, 30)
         positions = daemon.portfolio.positions()
         orders = daemon.counts["orders"]
         if fallback:
             assert "inference" not in daemon.halts.active
-            assert daemon._models is not None and daemon._models.engine is not engine
             await wait_for(lambda: daemon.counts["orders"] > orders, 30)
             assert any("fell back to the CPU" in r.getMessage() for r in caplog.records)
         else:
