@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test check install-dev lint typecheck
+.PHONY: demo test install-dev lint typecheck
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
