@@ -344,6 +344,19 @@ class _Run:
 
     # training ---------------------------------------------------------------------------------
 
+    def _env_data(
+        self, parts: list[tuple[InstrumentBars, int, int]], norm: FeatureNorm, model: ModelConfig
+    ) -> EnvData:
+        """The environment over ``parts`` for a model of configuration ``model``."""
+        return build_env_data(
+            parts,
+            norm,
+            window=model.window,
+            horizon=model.return_horizon,
+            session_gap_s=self.config.train.session_gap_s,
+            xp=self.xp,
+        )
+
     def train_all(self) -> None:
         cfg, s = self.config.train, self.summary
         self.progress.start("train", len(self.folds) * cfg.epochs * cfg.steps_per_epoch)
@@ -352,14 +365,7 @@ class _Run:
             test_parts = [(self.bars[sym], st, t) for sym, (_, _, st, t) in per.items()]
             norm = fit_norm(train_parts)
             self.norm = norm  # the candidate's normalisation: that of the last fold trained
-            data = build_env_data(
-                train_parts,
-                norm,
-                window=self.model_cfg.window,
-                horizon=self.model_cfg.return_horizon,
-                session_gap_s=cfg.session_gap_s,
-                xp=self.xp,
-            )
+            data = self._env_data(train_parts, norm, self.model_cfg)
             log.info(
                 "fold %d: training on %d decision bars, testing on %d instrument(s)",
                 index,
@@ -399,14 +405,7 @@ class _Run:
         parts: list[tuple[InstrumentBars, int, int]],
     ) -> None:
         cfg = self.config.train
-        data = build_env_data(
-            parts,
-            norm,
-            window=self.model_cfg.window,
-            horizon=self.model_cfg.return_horizon,
-            session_gap_s=cfg.session_gap_s,
-            xp=self.xp,
-        )
+        data = self._env_data(parts, norm, self.model_cfg)
         self.tests.append((norm, parts))
         ro = _evaluate(data, lambda obs, t: self.learner.greedy(obs), self.config)
         self.curves.add("candidate", ro)
@@ -470,14 +469,7 @@ class _Run:
         inc_norm = FeatureNorm(ckpt.norm_mean, ckpt.norm_std)
         cfg = self.config.train
         for i, (_, parts) in enumerate(self.tests):
-            data = build_env_data(
-                parts,
-                inc_norm,
-                window=ckpt.config.window,
-                horizon=ckpt.config.return_horizon,
-                session_gap_s=cfg.session_gap_s,
-                xp=self.xp,
-            )
+            data = self._env_data(parts, inc_norm, ckpt.config)
             ro = _evaluate(data, lambda obs, t, inc=inc: inc.greedy(obs), self.config)
             self.curves.add("incumbent", ro)
             fold_perf = performance(
