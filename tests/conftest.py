@@ -17,6 +17,8 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 DBN_SAMPLES = SHARED / "data" / "dbn-samples"
+PG_URL = os.environ.get("TRADEAGENT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+"""The PostgreSQL server the tests use (CI serves it there)."""
 
 
 def skip_or_fail(reason: str) -> None:

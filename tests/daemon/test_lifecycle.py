@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from storage.config import StorageConfig
 from storage.errors import DatabaseUnavailable
 from storage.schema import upgrade
 from storage.scratch import scratch_database
-from tests.conftest import skip_or_fail
+from tests.conftest import PG_URL, skip_or_fail
 from tests.daemon.support import (
     DaemonProcess,
     config_text,
@@ -38,8 +37,6 @@ from tests.daemon.test_session import _ledger_state, _relay, _relay_done, _stop,
 from tests.support.nats_server import NatsServer
 
 pytestmark = pytest.mark.slow
-
-PG_URL = os.environ.get("TRADEAGENT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 @pytest.fixture

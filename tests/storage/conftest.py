@@ -9,7 +9,6 @@ the PostgreSQL cases skip locally and fail under ``CI=true``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +20,8 @@ from storage.errors import DatabaseUnavailable
 from storage.records import InstrumentInfo
 from storage.schema import upgrade
 from storage.scratch import scratch_database
-from tests.conftest import skip_or_fail
+from tests.conftest import PG_URL, skip_or_fail
 
-PG_URL = os.environ.get("TRADEAGENT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 ES = InstrumentInfo(instrument_id=1001, symbol="ES", tick_size=0.25, tick_value=12.5)
 NQ = InstrumentInfo(instrument_id=1002, symbol="NQ", tick_size=0.25, tick_value=5.0)
 
