@@ -21,7 +21,8 @@ open file readable up to its last flush (a torn last frame is cut when it is reo
 loses nothing for good: what it had not flushed was not acknowledged and is redelivered.
 
 Restart without duplicates: on start the newest archive file is reopened (the appender scans it
-once, cutting a torn tail), which gives its last ``ts_recv`` (the *floor*,
+once, cutting a torn tail), which gives the archive's last ``ts_recv`` (the *floor*; read from the
+newest earlier file when a kill left the newest one empty,
 :attr:`feeds.dbn.DBNAppender.last_ts_recv`) and the records at the floor
 (:meth:`feeds.dbn.DBNAppender.records_at_last_ts`). A redelivered batch whose records all lie
 below the floor was written before (batches are written in order); a batch ending exactly at the
@@ -165,25 +166,44 @@ class Recorder:
             log.info("recorder: completed %s (%d records)", writer.path, writer.records_flushed)
 
     def _resume_floor(self) -> None:
-        """Reopen the newest archive file (cutting a torn tail) and read its floor."""
+        """Reopen the newest archive file (cutting a torn tail) and read the floor: the last
+        ``ts_recv`` in the archive. A recorder killed just after it opened a new day leaves that
+        file empty; the floor then lies in the newest earlier file that holds records."""
         prefix = f"{subject_token(self.dataset)}-"
         files = sorted(p for p in self.out_dir.glob(f"{prefix}*{ARCHIVE_SUFFIX}") if p.is_file())
         if not files:
             return
-        newest = files[-1]
-        stamp = newest.name[len(prefix) : -len(ARCHIVE_SUFFIX)]
+        newest = self._open_day(self._file_day(files[-1], prefix))  # resuming scans it once
+        source = newest
+        for path in reversed(files[:-1]):
+            if source.records_flushed:
+                break
+            source = DBNAppender(
+                path,
+                dataset=self.dataset,
+                symbols=self.symbols,
+                start_ns=(day := self._file_day(path, prefix)),
+                end_ns=day + NS_PER_DAY,
+            )
+            source.open().close()
+        if source.records_flushed:
+            self._floor = source.last_ts_recv
+            self._floor_bytes = source.records_at_last_ts().tobytes()
+        log.info(
+            "recorder: resuming after %s (%d records, floor %d from %s)",
+            newest.path,
+            newest.records_flushed,
+            self._floor,
+            source.path.name,
+        )
+
+    def _file_day(self, path: Path, prefix: str) -> int:
+        stamp = path.name[len(prefix) : -len(ARCHIVE_SUFFIX)]
         try:
             date = dt.datetime.strptime(stamp, "%Y%m%d").replace(tzinfo=dt.UTC)
         except ValueError:
-            raise FeedError(f"{newest}: unexpected archive file name") from None
-        day = int(date.timestamp()) * 1_000_000_000 + self.rotate_hour * NS_PER_HOUR
-        writer = self._open_day(day)  # resuming it scans the file once, frame by frame
-        if writer.records_flushed:
-            self._floor = writer.last_ts_recv
-            self._floor_bytes = writer.records_at_last_ts().tobytes()
-        log.info(
-            "recorder: resuming after %s (%d records, floor %d)", newest, writer.records_flushed, self._floor
-        )
+            raise FeedError(f"{path}: unexpected archive file name") from None
+        return int(date.timestamp()) * 1_000_000_000 + self.rotate_hour * NS_PER_HOUR
 
     # ------------------------------------------------------------------ records
 
