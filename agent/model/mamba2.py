@@ -67,13 +67,14 @@ def _decays(dtc: Array, Ag: Array, *, last_row: bool) -> tuple[Array, Array, Arr
     """Chunk decays from dt (.., Q) and A (G, Hg): Lam rows (.., R, Q), e (.., Q), w (.., Q).
 
     With ``cum_t = sum_{r <= t} dt_r A`` inside the chunk: ``Lam[t, s] = exp(cum_t - cum_s)``
-    for s <= t else 0; ``e_t = exp(cum_t)``; ``w_s = exp(cum_{Q-1} - cum_s)``. With
-    ``last_row`` only Lam's last row (which is w) is returned, R = 1, and no [Q, Q] array is
-    built; otherwise R = Q. Every exponent is clipped into [exp_floor, 0] (A < 0, dt > 0
-    make them <= 0 where used; the floor avoids subnormal results).
+    for s <= t; ``e_t = exp(cum_t)``; ``w_s = exp(cum_{Q-1} - cum_s)``. With ``last_row`` only
+    Lam's last row (which is w) is returned, R = 1, and no [Q, Q] array is built; otherwise
+    R = Q and Lam is *not* masked: its entries above the diagonal are 1 (exp of a clipped 0),
+    and the callers apply the causal mask (:func:`_causal`) to the [Q, Q] products that heads
+    share, H/G times fewer entries than Lam. Every exponent is clipped into [exp_floor, 0]
+    (A < 0, dt > 0 make them <= 0 where used; the floor avoids subnormal results).
     """
     xp = array_module(dtc)
-    q = dtc.shape[-1]
     lo = exp_floor(dtc.dtype)
     cum = xp.cumsum(dtc * Ag[..., None], axis=-1)
     e = xp.exp(xp.maximum(cum, lo))
@@ -82,8 +83,14 @@ def _decays(dtc: Array, Ag: Array, *, last_row: bool) -> tuple[Array, Array, Arr
         return w[..., None, :], e, w
     seg = cum[..., :, None] - cum[..., None, :]
     lam = xp.exp(xp.clip(seg, lo, 0.0, out=seg), out=seg)
-    lam *= xp.tri(q, dtype=dtc.dtype)
     return lam, e, w
+
+
+def _causal(m: Array) -> Array:
+    """Zero the entries above the diagonal of the [Q, Q] matrices in ``m`` (in place)."""
+    xp = array_module(m)
+    m *= xp.tri(m.shape[-1], dtype=m.dtype)
+    return m
 
 
 def ssd_chunked(
@@ -112,7 +119,10 @@ def ssd_chunked(
         if last or not last_only:
             rows = slice(-1, None) if last_only else slice(None)
             Cr = Cc[..., rows, :]
-            y = xp.matmul(xp.matmul(Cr, _t(Bc)) * lam, U)
+            CB = xp.matmul(Cr, _t(Bc))  # (Bt,G,1,R,Q): one per group, shared by its heads
+            # Lam (a fresh [Q, Q] array unless last_only: then a view of w) is not needed afterwards
+            M = CB * lam if last_only else xp.multiply(lam, _causal(CB), out=lam)
+            y = xp.matmul(M, U)
             if hin is not None:
                 y = y + e[..., rows, None] * xp.matmul(Cr, _t(hin))
             ys.append(y)
@@ -170,13 +180,16 @@ def ssd_chunked_backward(
             rows = slice(q - 1, q) if last_only else slice(0, q)
             gY = gyh if last_only else gyh[..., t0:t1, :]
             Cr = Cc[..., rows, :]
-            M = xp.matmul(Cr, _t(Bc)) * lam  # (.., R, Q)
-            gM = xp.matmul(gY, _t(U))  # only used times lam, which carries the causal mask
+            CB = xp.matmul(Cr, _t(Bc))
+            M = (CB if last_only else _causal(CB)) * lam  # (.., R, Q), causal
+            gM = xp.matmul(gY, _t(U))  # its entries above the diagonal are masked where used
             gU = xp.matmul(_t(M), gY)
             S = gM * M
             gcum = -S.sum(axis=-2)
             gcum[..., rows] += S.sum(axis=-1)
             gCB = (gM * lam).sum(axis=2, keepdims=True)
+            if not last_only:
+                _causal(gCB)
             gCr = xp.matmul(gCB, Bc)
             gB = xp.matmul(_t(gCB), Cr)
             if hin is not None:
@@ -269,6 +282,25 @@ def _split_xbc(xbc: Array, di: int, g: int, n: int, heads: int) -> tuple[Array, 
     return x, B, C
 
 
+def _causal_conv(xbc_raw: Array, conv_w: Array, conv_b: Array) -> Array:
+    """Causal depthwise convolution over time from zero padding, (Bt,L,Cd) -> (Bt,L,Cd):
+    ``pre[t] = conv_b + sum_k conv_w[:, k] xbc_raw[t - (W - 1) + k]``, terms before the window
+    being 0. Accumulated in place, k = 0 .. W-1, on shifted slices (no padded copy, one scratch
+    array for the products)."""
+    xp = array_module(xbc_raw)
+    bt, length, cd = xbc_raw.shape
+    width = conv_w.shape[1]
+    pre = xp.zeros((bt, length, cd), dtype=xbc_raw.dtype)
+    term = xp.empty_like(pre)
+    for k in range(width):
+        n = length - (width - 1 - k)  # steps whose tap k falls inside the window
+        if n > 0:
+            xp.multiply(xbc_raw[:, :n], conv_w[:, k], out=term[:, :n])
+            pre[:, length - n :] += term[:, :n]
+    pre += conv_b
+    return pre
+
+
 def block_forward(
     params: Params, prefix: str, u: Array, groups: int, chunk: int, *, last_only: bool = False
 ) -> tuple[Array, BlockCache]:
@@ -282,22 +314,24 @@ def block_forward(
     W_in, conv_w, conv_b = params[prefix + "W_in"], params[prefix + "conv_w"], params[prefix + "conv_b"]
     di = params[prefix + "gnorm_w"].shape[0]
     heads = params[prefix + "A_log"].shape[0]
-    cd, width = conv_w.shape
+    cd = conv_w.shape[0]
     n = (cd - di) // (2 * groups)
     bt, length, _ = u.shape
-
-    zxbcdt = linear(u, W_in)
-    z, xbc_raw, dt_raw = zxbcdt[..., :di], zxbcdt[..., di : di + cd], zxbcdt[..., di + cd :]
-    xpad = xp.concatenate([xp.zeros((bt, width - 1, cd), dtype=u.dtype), xbc_raw], axis=1)
-    pre = conv_b + sum(xpad[:, k : k + length] * conv_w[:, k] for k in range(width))
+    rows = slice(length - 1, length) if last_only else slice(0, length)
+    if last_only:  # the gate is read at the last step only: its rows of in_proj alone
+        z = linear(u[:, rows], W_in[:di])
+        xbcdt = linear(u, W_in[di:])
+    else:
+        zxbcdt = linear(u, W_in)
+        z, xbcdt = zxbcdt[..., :di], zxbcdt[..., di:]
+    xbc_raw, dt_raw = xbcdt[..., :cd], xbcdt[..., cd:]
+    pre = _causal_conv(xbc_raw, conv_w, conv_b)
     xbc = silu(pre)
     x, B, C = _split_xbc(xbc, di, groups, n, heads)
     s = dt_raw + params[prefix + "dt_bias"]
     dt = softplus(s)
     A = -xp.exp(params[prefix + "A_log"])
     ssm, states = ssd_chunked(x, dt, A, B, C, chunk=chunk, last_only=last_only)
-    rows = slice(length - 1, length) if last_only else slice(0, length)
-    z = z[:, rows]
     y = (ssm + params[prefix + "D"][:, None] * x[:, rows]).reshape(bt, -1, di)
     gate = silu(z)
     vhat, r = rmsnorm(y * gate, groups)

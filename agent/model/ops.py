@@ -71,7 +71,10 @@ def silu(x: Array) -> Array:
     """x * sigmoid(x), written as h + h tanh(h) with h = x / 2 (fewer passes over memory)."""
     xp = array_module(x)
     h = 0.5 * x
-    return h + h * xp.tanh(h)
+    out = xp.tanh(h)
+    out *= h
+    out += h
+    return out
 
 
 def silu_grad(x: Array) -> Array:
@@ -108,7 +111,8 @@ def rmsnorm(v: Array, groups: int = 1) -> tuple[Array, Array]:
     """
     xp = array_module(v)
     vg = v.reshape(*v.shape[:-1], groups, v.shape[-1] // groups)
-    r = 1.0 / xp.sqrt((vg * vg).mean(axis=-1, keepdims=True) + RMS_EPS)
+    # sum / width is what ``mean`` computes, without its Python-level overhead (~3 us a call)
+    r = 1.0 / xp.sqrt((vg * vg).sum(axis=-1, keepdims=True) / vg.shape[-1] + RMS_EPS)
     return (vg * r).reshape(v.shape), r
 
 
