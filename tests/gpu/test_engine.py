@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from agent.gpu.backend import select_backend
+from agent.gpu.cpu_runner import ROWS_PER_FORWARD
 from agent.gpu.engine import Decision, InferenceEngine
 from agent.gpu.errors import InferenceError, ModelLoadError
 from agent.kernels.mamba_forward import mamba_forward_ref
@@ -18,6 +19,7 @@ from agent.kernels.softmax_ev import softmax_ev_ref
 from agent.model.checkpoint import Checkpoint
 from agent.model.config import ModelConfig
 from agent.model.heads import c51_support, return_bin_centres
+from agent.model.network import forward
 from agent.policy.config import PolicyConfig
 from agent.policy.kelly import kelly_size_ref
 from agent.policy.thompson import thompson_ref
@@ -196,3 +198,19 @@ def test_closed_engine_refuses_to_decide() -> None:
 def test_engine_rejects_bad_tick_values() -> None:
     with pytest.raises(ModelLoadError, match="tick_values"):
         InferenceEngine(make_checkpoint(), POLICY, [12.5, float("nan")], backend=select_backend("cpu"))
+
+
+def test_a_batch_over_rows_per_forward_matches_one_forward_over_all_rows() -> None:
+    # The CPU runner evaluates large batches in slices of ROWS_PER_FORWARD windows: the same
+    # q values as one forward call over the whole batch (rows are independent).
+    ck = make_checkpoint(seed=8, scale=3.0)
+    rows = 2 * ROWS_PER_FORWARD + 5
+    eng = InferenceEngine(ck, POLICY, [12.5] * rows, backend=select_backend("cpu"), max_batch=rows)
+    history = bars(9, SMALL.window, rows)
+    last = feed(eng, history, list(range(rows)))[-1]
+    assert last.valid.all()
+    x = (history.transpose(1, 0, 2) - ck.norm_mean) / ck.norm_std
+    params = {name: np.asarray(value, dtype=np.float32) for name, value in ck.params.items()}
+    q_logits, _, _ = forward(params, SMALL, x.astype(np.float32))
+    _, q, _ = softmax_ev_ref(q_logits.reshape(-1, SMALL.n_atoms), c51_support(SMALL))
+    np.testing.assert_allclose(last.q, q.reshape(rows, 3), rtol=1e-6, atol=1e-6)
