@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from feeds.bars import BarClock, BarPlan, plan_bars
-from feeds.book import BookSnapshot, level_arrays, tick_fixed
+from feeds.book import BookSnapshot, tick_fixed
 from feeds.config import BarConfig, HealthConfig, InstrumentSpec
 from feeds.dbn.framing import mbp10_header_ok, take_mbp10
 from feeds.dbn.reader import iter_mbp10
@@ -68,6 +68,7 @@ from feeds.health import (
 from feeds.records import (
     ACTION_TRADE,
     LEVELS,
+    MBP10_CODES,
     MBP10_DTYPE,
     MBP10_RTYPE,
     PRICE_SCALE,
@@ -224,21 +225,16 @@ _ASK_PX = _BID_PX + 1
 _SIZES = _BID_PX + 2  # bid size in the low 32 bits, ask size in the high 32 bits
 _LOW32 = np.int64(0xFFFFFFFF)
 _DEPTH_COLS = [k - 1 for k in (1, 3, 5, 10)]
+_TRADE, _BID, _ASK = ord(ACTION_TRADE), ord(SIDE_BID), ord(SIDE_ASK)
 
 
-def _prev_words(
-    words: np.ndarray, carried: np.ndarray | None, rows: np.ndarray, cols: np.ndarray
-) -> np.ndarray:
-    """``words[rows - 1, cols]``, with row -1 the carried record (row 0 itself when none)."""
-    out: np.ndarray = words[np.maximum(rows - 1, 0), cols]
-    if carried is not None:
-        first = rows == 0
-        out[first] = carried[cols[first]]
-    return out
+def _side_sizes(size_words: np.ndarray, bid: bool) -> np.ndarray:
+    """The bid (low 32 bits) or ask (high 32 bits) sizes of level size words."""
+    return size_words & _LOW32 if bid else size_words >> 32
 
 
 def _bar_ofi(
-    words: np.ndarray, carried: np.ndarray | None, pair_ok: np.ndarray, ends: np.ndarray
+    words: np.ndarray, carried: np.ndarray | None, pair_ok: np.ndarray, ends: np.ndarray, bar_of: np.ndarray
 ) -> np.ndarray:
     """Multi-level order-flow imbalance per bar and level, int64 ``(n_bars, LEVELS)``, contracts.
 
@@ -252,7 +248,7 @@ def _bar_ofi(
     ask level (``UNDEF_PRICE``) as the highest. Record ``i - 1`` of the first record is the
     carried record (``carried``, the previous record as int64 words) or, at the start of the
     stream, the record itself (no flow). A pair with an unhealthy record (``pair_ok`` false)
-    contributes nothing.
+    contributes nothing. ``bar_of`` is the bar of each record.
 
     Computed without a dense pass over sizes: where prices are unchanged ``e`` is the size
     change, which telescopes over a bar to (size at the bar's last record - size at the previous
@@ -260,53 +256,47 @@ def _bar_ofi(
     pairs are corrected exactly. All in integers: the result does not depend on how records are
     grouped into calls.
     """
-    n = words.shape[0]
     n_bars = ends.shape[0]
     first = carried if carried is not None else words[0]
     last = ends - 1
-    size_end = np.where((last >= 0)[:, None], words[np.maximum(last, 0)][:, _SIZES], first[_SIZES])
+    size_end = np.where((last >= 0)[:, None], words[np.maximum(last, 0)[:, None], _SIZES], first[_SIZES])
     size_prev = np.empty_like(size_end)
     size_prev[0] = first[_SIZES]
     size_prev[1:] = size_end[:-1]
     ofi: np.ndarray = ((size_end & _LOW32) - (size_prev & _LOW32)) - ((size_end >> 32) - (size_prev >> 32))
 
-    bars: list[np.ndarray] = []
-    levels: list[np.ndarray] = []
+    flat = words.reshape(-1)  # word c of record i is flat[i * _WORDS + c]
+    cells: list[np.ndarray] = []  # bar * LEVELS + level of each correction
     values: list[np.ndarray] = []
-    for cols, is_bid in ((_BID_PX, True), (_ASK_PX, False)):
+    for cols, bid in ((_BID_PX, True), (_ASK_PX, False)):
         px = words[:, cols[0] : cols[-1] + 1 : 4]  # (n, LEVELS) strided view
-        flat = np.flatnonzero(px[1:] != px[:-1])
-        rows, lev = flat // LEVELS + 1, flat % LEVELS
-        if carried is not None:
-            lev0 = np.flatnonzero(px[0] != carried[cols])
-            rows = np.concatenate((np.zeros(lev0.shape[0], rows.dtype), rows))
-            lev = np.concatenate((lev0, lev))
+        changed = np.flatnonzero(px[1:] != px[:-1])
+        rows = changed // LEVELS + 1
         keep = pair_ok[rows]
-        rows, lev = rows[keep], lev[keep]
-        p1 = words[rows, cols[lev]]
-        p0 = _prev_words(words, carried, rows, cols[lev])
-        s1 = words[rows, _SIZES[lev]]
-        s0 = _prev_words(words, carried, rows, _SIZES[lev])
-        if is_bid:
-            val = ofi_price_term(p1, p0, s1 & _LOW32, s0 & _LOW32, bid=True)
-        else:
-            val = ofi_price_term(p1, p0, s1 >> 32, s0 >> 32, bid=False)
-        bars.append(np.searchsorted(ends, rows, side="right"))
-        levels.append(lev)
-        values.append(val)
+        rows, lev = rows[keep], (changed % LEVELS)[keep]
+        at = rows * _WORDS + cols[lev]  # the level's price word
+        size_at = at + (_SIZES[0] - cols[0])  # and its size word
+        p1, p0 = flat[at], flat[at - _WORDS]
+        q1, q0 = _side_sizes(flat[size_at], bid), _side_sizes(flat[size_at - _WORDS], bid)
+        cells.append(bar_of[rows] * LEVELS + lev)
+        values.append(ofi_price_term(p1, p0, q1, q0, bid=bid))
+        if carried is not None and pair_ok[0]:  # the first record against the carried one
+            lev0 = np.flatnonzero(px[0] != carried[cols])
+            q1, q0 = _side_sizes(words[0, _SIZES[lev0]], bid), _side_sizes(carried[_SIZES[lev0]], bid)
+            cells.append(bar_of[0] * LEVELS + lev0)
+            values.append(ofi_price_term(px[0, lev0], carried[cols[lev0]], q1, q0, bid=bid))
     bad = np.flatnonzero(~pair_ok)
     if bad.shape[0]:
-        now = words[bad][:, _SIZES]
-        before = words[np.maximum(bad - 1, 0)][:, _SIZES]
+        now = words[bad[:, None], _SIZES]
+        before = words[np.maximum(bad - 1, 0)[:, None], _SIZES]
         if carried is not None:
             before[bad == 0] = carried[_SIZES]
         change = ((now & _LOW32) - (before & _LOW32)) - ((now >> 32) - (before >> 32))
-        bars.append(np.repeat(np.searchsorted(ends, bad, side="right"), LEVELS))
-        levels.append(np.tile(np.arange(LEVELS), bad.shape[0]))
+        cells.append(((bar_of[bad] * LEVELS)[:, None] + np.arange(LEVELS)).ravel())
         values.append(-change.ravel())
-    flat = np.concatenate(bars) * LEVELS + np.concatenate(levels)
-    if flat.shape[0] and n:
-        sums = np.bincount(flat, weights=np.concatenate(values), minlength=n_bars * LEVELS)
+    cell = np.concatenate(cells)
+    if cell.shape[0]:
+        sums = np.bincount(cell, weights=np.concatenate(values), minlength=n_bars * LEVELS)
         ofi += sums.astype(np.int64).reshape(n_bars, LEVELS)
     return ofi
 
@@ -458,9 +448,9 @@ def _kernel(
         starts[1:] = ends[:-1]
 
     if n:
-        lv = level_arrays(records)
-        bid = np.ascontiguousarray(lv.bid_px[:, 0])
-        ask = np.ascontiguousarray(lv.ask_px[:, 0])
+        words = records.view(np.int64).reshape(n, _WORDS)
+        bid = words[:, _BID_PX[0]].copy()
+        ask = words[:, _ASK_PX[0]].copy()
         faults = record_faults(records, bid, ask, prev=carry.prev, tick=tick, config=health)
         ts = records["ts_recv"].astype(np.int64)
         clock = np.maximum.accumulate(np.maximum(ts, carry.last_clock))
@@ -474,21 +464,28 @@ def _kernel(
         monitor.observe(ts, faults)
         ok = (faults & RECORD_FAULTS) == 0
 
-        words = records.view(np.int64).reshape(n, _WORDS)
+        bar_of = np.repeat(np.arange(n_bars), ends - starts)  # the bar of each record
         pair_ok = ok.copy()
         pair_ok[1:] &= ok[:-1]
         pair_ok[0] &= carry.last_ok or carry.last_words is None
-        ofi = _bar_ofi(words, carry.last_words, pair_ok, ends)
+        ofi = _bar_ofi(words, carry.last_words, pair_ok, ends, bar_of)
 
-        # trades: action T, side = aggressor
-        is_trade = records["action"] == ACTION_TRADE
-        side = records["side"]
-        size = records["size"].astype(np.int64)
-        signed = np.where(is_trade & (side == SIDE_BID), size, 0) - np.where(
-            is_trade & (side == SIDE_ASK), size, 0
-        )
-        flows_i = np.stack((signed, np.where(is_trade, size, 0), is_trade.astype(np.int64), ~ok), axis=1)
-        flows = _bar_sums(flows_i.astype(np.int64), starts, ends)
+        # trades (action T, side = aggressor) and unhealthy records, sparse: per-bar sums over
+        # their positions
+        codes = records.view(MBP10_CODES)
+        trades = np.flatnonzero(codes["action"] == _TRADE)
+        size = records["size"][trades].astype(np.int64)
+        side = codes["side"][trades]
+        volumes = np.empty((trades.shape[0], 2), np.int64)
+        np.subtract(size * (side == _BID), size * (side == _ASK), out=volumes[:, 0])
+        volumes[:, 1] = size
+        trade_ends = np.searchsorted(trades, ends)
+        trade_starts = np.empty_like(trade_ends)
+        trade_starts[0] = 0
+        trade_starts[1:] = trade_ends[:-1]
+        signed_volume, volume = _bar_sums(volumes, trade_starts, trade_ends).T
+        n_trades = trade_ends - trade_starts
+        n_bad = np.diff(np.searchsorted(np.flatnonzero(~ok), ends), prepend=0)
 
         # twice the mid (bid + ask) of the last healthy record, record by record
         mid2 = bid + ask
@@ -502,8 +499,7 @@ def _kernel(
         rv = _bar_sums(step * step, starts, ends)
     else:
         ofi = np.zeros((n_bars, LEVELS), np.int64)
-        flows = np.zeros((n_bars, 4), np.int64)
-        rv = np.zeros(n_bars, np.int64)
+        signed_volume = volume = n_trades = n_bad = rv = np.zeros(n_bars, np.int64)
 
     # the book at each close: last healthy record at or before it, else carried
     last = ends - 1
@@ -518,12 +514,17 @@ def _kernel(
         h = np.where(has_rec, last_ok_idx[np.maximum(last, 0)], -1)
         with_book = h >= 0
         rows = h[with_book]
-        sizes = words[rows][:, _SIZES]
-        depth_b = np.cumsum(sizes & _LOW32, axis=1)[:, _DEPTH_COLS]
-        depth_a = np.cumsum(sizes >> 32, axis=1)[:, _DEPTH_COLS]
-        book[with_book] = np.concatenate(
-            (np.stack((bid[rows], ask[rows], depth_b[:, 0], depth_a[:, 0]), axis=1), depth_b, depth_a), axis=1
-        )
+        sizes = words[rows[:, None], _SIZES]
+        depth = np.empty((rows.shape[0], 2, LEVELS), np.int64)  # bid, ask sizes summed over levels
+        np.bitwise_and(sizes, _LOW32, out=depth[:, 0])
+        np.right_shift(sizes, 32, out=depth[:, 1])
+        np.cumsum(depth, axis=2, out=depth)
+        book_rows = np.empty((rows.shape[0], len(BOOK_INTS)), np.int64)
+        book_rows[:, 0] = bid[rows]
+        book_rows[:, 1] = ask[rows]
+        book_rows[:, 2:4] = depth[:, :, 0]
+        book_rows[:, 4:] = depth[:, :, _DEPTH_COLS].reshape(-1, 2 * len(_DEPTH_COLS))
+        book[with_book] = book_rows
         close_mid2[with_book] = mid2[rows]
         has_book |= with_book
         last_ok_bar[has_rec] = ok[last[has_rec]]
@@ -539,7 +540,7 @@ def _kernel(
         prev_close_ts[0] = carry.close_ts or close_ts[0]
         prev_close_ts[1:] = close_ts[:-1]
 
-    tradable = (flows[:, 3] == 0) & last_ok_bar & has_book & (close_ts - last_clock <= stale_ns)
+    tradable = (n_bad == 0) & last_ok_bar & has_book & (close_ts - last_clock <= stale_ns)
     tradable &= last_clock > 0
 
     close_index = np.where(has_rec, index_base[np.maximum(last, 0)], carry.last_index)
@@ -551,9 +552,9 @@ def _kernel(
         mid2=close_mid2,
         mid2_before=close_mid2_before,
         book=book,
-        signed_volume=flows[:, 0],
-        volume=flows[:, 1],
-        trades=flows[:, 2],
+        signed_volume=signed_volume,
+        volume=volume,
+        trades=n_trades,
         rv_half_ticks2=rv,
         ofi=ofi,
         n_records=(ends - starts).astype(np.int64),
@@ -576,7 +577,7 @@ def _kernel(
         close_ts=int(close_ts[-1]),
     )
     if n:
-        nxt.prev = prev_top_of(records, bid, ask, carry.prev)
+        nxt.prev = prev_top_of(records, bid, ask, int(clock[-1]))
         nxt.last_words = words[-1].copy()
     return frame, nxt
 
@@ -624,9 +625,10 @@ class _InstrumentStream:
         local = np.arange(len(chunk), dtype=np.int64) if positions is None else positions
         if not len(local):
             return
-        records = _gather(self._tail, chunk, positions)
+        tail = self._tail
         index = np.concatenate((self._tail_index, local + offset))
-        ts = records["ts_recv"].astype(np.int64)
+        mine = chunk["ts_recv"] if positions is None else chunk["ts_recv"][positions]
+        ts = np.concatenate((tail["ts_recv"], mine)).astype(np.int64)
         clock = np.maximum.accumulate(np.maximum(ts, self._clock_before))
         plan = plan_bars(clock, self._bars, self._stale_ns)
         n_bars = plan.ends.shape[0]
@@ -640,7 +642,7 @@ class _InstrumentStream:
                 r1 = int(plan.ends[b1 - 1])
                 part = BarPlan(ends=plan.ends[b0:b1] - r0, close_ts=plan.close_ts[b0:b1])
                 frame, self._carry = _kernel(
-                    records[r0:r1],
+                    _gather(tail, chunk, positions, r0, r1),  # gathered just before use: in cache
                     part,
                     self._carry,
                     spec=self.spec,
@@ -650,7 +652,8 @@ class _InstrumentStream:
                 )
                 self._frames.append(frame)
             self._clock_before = int(clock[used - 1])
-        self._tail, self._tail_index = records[used:], index[used:]
+        self._tail = _gather(tail, chunk, positions, used, len(index))
+        self._tail_index = index[used:]
 
     def frame(self) -> BarFrame:
         """The bars closed so far (the open bar's records are not used)."""
@@ -662,23 +665,29 @@ class _InstrumentStream:
         return self._frames[0]
 
 
-def _gather(head: np.ndarray, chunk: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
-    """``head`` followed by ``chunk[positions]`` (all of ``chunk`` when ``None``), one new
-    contiguous array; records move as int64 words (NumPy moves structured rows field by field)."""
+def _gather(
+    tail: np.ndarray, chunk: np.ndarray, positions: np.ndarray | None, r0: int, r1: int
+) -> np.ndarray:
+    """Records ``[r0, r1)`` of ``tail`` followed by ``chunk[positions]`` (all of ``chunk`` when
+    ``None``), contiguous: a view when they lie in one of the two, else one new array; records
+    move as int64 words (NumPy moves structured rows field by field)."""
+    n_tail = len(tail)
+    head = tail[min(r0, n_tail) : min(r1, n_tail)]
+    begin, end = max(r0 - n_tail, 0), max(r1 - n_tail, 0)
+    if begin == end:
+        return head
+    if positions is None and not len(head):
+        return chunk[begin:end]
     n_head = len(head)
-    n = n_head + (len(chunk) if positions is None else len(positions))
-    if positions is None and not n_head:
-        return chunk
-    out = np.empty(n, MBP10_DTYPE)
-    words = out.view(np.int64).reshape(n, _WORDS)
-    if n_head:
-        words[:n_head] = head.view(np.int64).reshape(n_head, _WORDS)
+    out = np.empty(n_head + end - begin, MBP10_DTYPE)
+    words = out.view(np.int64).reshape(len(out), _WORDS)
+    words[:n_head] = head.view(np.int64).reshape(n_head, _WORDS)
     source = chunk.view(np.int64).reshape(len(chunk), _WORDS)
     if positions is None:
-        words[n_head:] = source
+        words[n_head:] = source[begin:end]
     else:
-        np.take(source, positions, axis=0, out=words[n_head:], mode="clip")  # valid by construction;
-        # mode 'raise' would buffer the output
+        np.take(source, positions[begin:end], axis=0, out=words[n_head:], mode="clip")  # valid by
+        # construction; mode 'raise' would buffer the output
     return out
 
 

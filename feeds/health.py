@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from feeds.config import HealthConfig
-from feeds.records import ACTION_TRADE, UNDEF_PRICE
+from feeds.records import ACTION_TRADE, MBP10_CODES, UNDEF_PRICE
 
 __all__ = [
     "RECORD_FAULTS",
@@ -93,6 +93,7 @@ _RECORD_CHECKS: tuple[Check, ...] = (
 _SEQUENCE, _CROSSED, _EMPTY_SIDE, _BAD_PRICE, _TIME_BACKWARDS = (c.bit for c in _RECORD_CHECKS)
 RECORD_FAULTS: int = sum(c.bit for c in _RECORD_CHECKS)
 """Mask of the checks judged per record (a record failing any of them is unhealthy)."""
+_TRADE = ord(ACTION_TRADE)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -202,7 +203,9 @@ def record_faults(
         bid_before[0], ask_before[0], seq_before[0] = prev.bid, prev.ask, prev.sequence
         clock_before[0] = prev.ts_recv
         np.maximum(clock_before, prev.ts_recv, out=clock_before)
-    trade_price = np.where(records["action"] == ACTION_TRADE, records["price"], 1)
+    trades = np.flatnonzero(records.view(MBP10_CODES)["action"] == _TRADE)
+    trade_price = np.ones(n, dtype=np.int64)
+    trade_price[trades] = records["price"][trades]
     faults = fault_mask(
         bid=bid,
         ask=ask,
@@ -221,17 +224,14 @@ def record_faults(
     return np.asarray(faults, dtype=np.uint8)
 
 
-def prev_top_of(records: np.ndarray, bid: np.ndarray, ask: np.ndarray, prev: PrevTop | None) -> PrevTop:
-    """The :class:`PrevTop` after ``records`` (non-empty) given the one before them."""
-    ts_max = int(records["ts_recv"].max())
-    if prev is not None:
-        ts_max = max(ts_max, prev.ts_recv)
-    b, a = int(bid[-1]), int(ask[-1])
+def prev_top_of(records: np.ndarray, bid: np.ndarray, ask: np.ndarray, clock: int) -> PrevTop:
+    """The :class:`PrevTop` after ``records`` (non-empty), whose clock (running maximum of
+    ``ts_recv``, the previous records' included) is ``clock`` after the last one."""
     return PrevTop(
-        ts_recv=ts_max,
+        ts_recv=clock,
         sequence=int(records["sequence"][-1]),
-        bid=valid_top(b),
-        ask=valid_top(a),
+        bid=valid_top(int(bid[-1])),
+        ask=valid_top(int(ask[-1])),
     )
 
 

@@ -10,6 +10,8 @@ header is then checked (``to_ndarray`` views bytes without looking at them), and
 
 from __future__ import annotations
 
+import mmap
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,8 +26,9 @@ import zstandard
 from databento.common.dbnstore import FileDataSource
 from databento.common.error import BentoError, BentoWarning
 
-from feeds.dbn.framing import check_mbp10, concat_mbp10, is_rust_panic, take_mbp10
+from feeds.dbn.framing import MBP10_SIZE, check_mbp10, concat_mbp10, is_rust_panic, take_mbp10
 from feeds.errors import DBNFormatError
+from feeds.records import MBP10_DTYPE
 
 __all__ = ["DBNInfo", "dbn_files", "iter_mbp10", "read_mbp10", "read_metadata"]
 
@@ -148,11 +151,44 @@ def read_metadata(path: str | Path) -> DBNInfo:
         return _info(p, store)
 
 
+_PRELUDE_SIZE = 8
+"""``b"DBN"``, the version byte and the u32 length of the metadata that follows."""
+
+
+def _mapped(path: Path, store: databento.DBNStore) -> npt.NDArray[np.void] | None:
+    """Every record of a plain (uncompressed) MBP-10 file as one read-only array over a memory
+    map of the file: the records are read straight from the page cache, not copied into a buffer
+    first (~0.05 s per million records saved). ``None`` when the file is compressed, carries
+    ``ts_out``, holds no record or ends inside one: Databento's reader then reads it (and reports
+    the truncation). Plain files are written whole (:func:`~feeds.dbn.write_mbp10` renames a
+    finished file into place; the recorder appends to ``.dbn.zst`` only)."""
+    if store.metadata.ts_out:
+        return None
+    with path.open("rb") as file:
+        prelude = file.read(_PRELUDE_SIZE)
+        start = _PRELUDE_SIZE + int.from_bytes(prelude[4:], "little")
+        size = os.fstat(file.fileno()).st_size
+        if not prelude.startswith(b"DBN") or size <= start or (size - start) % MBP10_SIZE:
+            return None  # compressed (zstd), or not whole records
+        view = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    records: npt.NDArray[np.void] = np.frombuffer(
+        view, dtype=MBP10_DTYPE, count=(size - start) // MBP10_SIZE, offset=start
+    )
+    return records
+
+
 def _chunks(path: Path, chunk_records: int) -> Iterator[npt.NDArray[np.void]]:
     """Checked MBP-10 chunks of one file, in file order (read-only views)."""
     decoded = 0
     with _opened(path) as store:
         _require_mbp10(path, store)
+        mapped = _mapped(path, store)
+        if mapped is not None:
+            for begin in range(0, len(mapped), chunk_records):
+                chunk = mapped[begin : begin + chunk_records]
+                check_mbp10(chunk, f"{path} (records {begin}..{begin + len(chunk)})")
+                yield chunk
+            return
         with _format_errors(f"{path}: corrupt records"):
             chunks = store.to_ndarray(count=chunk_records)
         while True:
