@@ -206,14 +206,17 @@ class PaperBroker:
         if not self._unresolved:
             return
         batches, self._unresolved = self._unresolved, []
-        records = batches[0] if len(batches) == 1 else np.concatenate(batches)
-        rev_ids = records["instrument_id"][::-1]
-        uniq, first_rev = np.unique(rev_ids, return_index=True)
-        n = records.size
-        for inst, j in zip(uniq.tolist(), first_rev.tolist(), strict=True):
-            book = self._books.get(inst)
-            if book is not None:
-                book.last = records[n - 1 - j]
+        missing = set(self._books)
+        for records in reversed(batches):  # newest first; no copy (concatenating 256 costs ms)
+            rev_ids = records["instrument_id"][::-1]
+            uniq, first_rev = np.unique(rev_ids, return_index=True)
+            n = records.size
+            for inst, j in zip(uniq.tolist(), first_rev.tolist(), strict=True):
+                if inst in missing:
+                    missing.discard(inst)
+                    self._books[inst].last = records[n - 1 - j]
+            if not missing:
+                return
 
     def advance(self, now_ns: int) -> list[Report]:
         """Execute every order and cancel due by ``now_ns`` against the current book (quiet feed)."""

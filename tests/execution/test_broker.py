@@ -121,3 +121,18 @@ def test_order_without_a_book_is_cancelled_not_filled() -> None:
     broker.submit(_order("o", "buy", 1, ts=0))
     reports = broker.advance(MS * 5)
     assert [type(r) for r in reports] == [Ack, Cancelled]
+
+
+def test_quiet_batches_leave_each_book_at_its_instruments_last_record() -> None:
+    nq = 1002
+    broker = PaperBroker(BrokerConfig(latency_ms=1.0, fee_per_contract=0.0), [ES, nq])
+    # No working orders: batches are kept by reference; NQ's last record is in the older one.
+    older = np.concatenate(
+        [record(nq, 1 * MS, [(px(-1), 1)], [(px(7), 1)]), record(ES, 2 * MS, [(px(-1), 1)], [(px(1), 1)])]
+    )
+    newer = np.concatenate([record(ES, 3 * MS, [(px(-1), 1)], [(px(2), 9)]) for _ in range(2)])
+    assert broker.on_records(older) == [] and broker.on_records(newer) == []
+    broker.submit(_order("es", "buy", 1, ts=3 * MS))
+    broker.submit(NewOrder(client_order_id="nq", instrument_id=nq, side="buy", qty=1, ts_ns=3 * MS))
+    fills = [r for r in broker.advance(5 * MS) if isinstance(r, Fill)]
+    assert {f.client_order_id: f.price for f in fills} == {"es": px(2), "nq": px(7)}
