@@ -55,6 +55,12 @@ class Venue(Protocol):
         """False while orders cannot be sent (gateway unreachable)."""
         ...
 
+    @property
+    def external(self) -> bool:
+        """True when orders live on outside this process (a gateway): the daemon then commits
+        an order to the ledger before sending it (see ``Daemon._place``)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -82,6 +88,10 @@ class PaperVenue:
     @property
     def healthy(self) -> bool:
         return True
+
+    @property
+    def external(self) -> bool:
+        return False
 
     async def start(self) -> None:
         return None
@@ -124,6 +134,10 @@ class GatewayVenue:
     @property
     def healthy(self) -> bool:
         return time.monotonic() - self._last_heartbeat < _HEARTBEAT_LOST_S
+
+    @property
+    def external(self) -> bool:
+        return True
 
     async def start(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)

@@ -175,7 +175,7 @@ async def test_database_outage_halts_new_orders_and_loses_nothing(tmp_path: Path
             lock.close()
         await wait_for(lambda: "database" not in daemon.halts.active, 30)
         await wait_for(lambda: daemon.counts["orders"] > orders, 30)
-        await wait_for(lambda: not daemon.orders.open_orders() and not daemon._reports, 30)
+        await wait_for(lambda: not daemon.orders.open_orders() and not daemon._writes, 30)
         counted = daemon.counts["fills"]
     assert _count_fills(config) == counted
 
@@ -262,7 +262,7 @@ async def test_inference_failure_halts_new_orders_and_keeps_state(
         await wait_for(lambda: daemon.counts["inference_failures"] >= 1, 30)
         if fallback:  # the failure is counted first; the CPU engine is built on a worker thread
             await wait_for(lambda: daemon._models is not None and daemon._models.engine is not engine, 30)
-        await wait_for(lambda: not daemon.orders.open_orders() and not daemon._reports, 30)
+        await wait_for(lambda: not daemon.orders.open_orders() and not daemon._writes, 30)
         positions = daemon.portfolio.positions()
         orders = daemon.counts["orders"]
         if fallback:
@@ -336,7 +336,7 @@ async def test_orderly_stop_cancels_a_resting_order(tmp_path: Path) -> None:
     synth_feed(feed)
     config = _setup(tmp_path, _replay(feed, pace=0.0))
     async with running(config) as daemon:
-        await wait_for(lambda: daemon.status()["feed"]["records"] > 1000 and not daemon._reports, 30)
+        await wait_for(lambda: daemon.status()["feed"]["records"] > 1000 and not daemon._writes, 30)
         await wait_for(lambda: not daemon.orders.open_orders(), 30)
         book = daemon.features.by_id[ES].book()
         assert book is not None and book.best_bid is not None
@@ -350,8 +350,8 @@ async def test_orderly_stop_cancels_a_resting_order(tmp_path: Path) -> None:
             order_type="limit",
             limit_price=book.best_bid - 40 * 250_000_000,
         )
-        daemon._spawn_send([order], [0])
-        await wait_for(lambda: not daemon._sending, 10)  # recorded in the ledger, then sent
+        daemon._place([order], [0])  # sent to the paper broker, its row queued behind it
+        await wait_for(lambda: not daemon._writes, 10)  # recorded in the ledger
     database = open_database(config.storage, config.data_dir)
     try:
         record = Ledger(database).order(order.client_order_id)
