@@ -24,6 +24,7 @@ Both paths share these definitions: :func:`plan_bars` computes the bars of a who
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -105,14 +106,12 @@ class BarClock:
         self.clock_ts = 0
         """Clock (running maximum of ``ts_recv``, ns) of the last record."""
 
-    def on_record(self, ts_recv: int) -> list[int]:
+    def on_record(self, ts_recv: int) -> Sequence[int]:
         """Close times (ns) of the bars closed by a record received at ``ts_recv``."""
-        if ts_recv <= self._inside:  # the usual case: the record falls in the open bar
-            self.clock_ts = max(self.clock_ts, ts_recv)
-            return []
-        if not self._time:
-            self.clock_ts = max(self.clock_ts, ts_recv)
-            return []
+        if ts_recv <= self._inside or not self._time:  # the usual case: the record falls in the open bar
+            if ts_recv > self.clock_ts:  # noqa: PLR1730 (a call to max() costs more, once per record)
+                self.clock_ts = ts_recv
+            return ()
         k = -(-ts_recv // self._interval)
         closes: list[int] = []
         if self._open_k < 0:
@@ -158,5 +157,5 @@ class BarClock:
             k += 1
             self._open_has_records = False
         stop = min(k_last, (self.clock_ts + self._stale) // interval + 1)
-        closes.extend(j * interval for j in range(k, stop + 1))
+        closes.extend(range(k * interval, (stop + 1) * interval, interval))
         return closes

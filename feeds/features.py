@@ -121,6 +121,11 @@ _SCALAR_NAMES = [name for name in FEATURE_NAMES if not name.startswith("ofi_")]
 (``ofi_l1..ofi_l10``, then ``ofi_total``) sit together at ``_OFI_COL``."""
 assert FEATURE_NAMES[_OFI_COL : _OFI_COL + LEVELS + 1] == (*(f"ofi_l{m}" for m in range(1, 11)), "ofi_total")
 assert len(_SCALAR_NAMES) + LEVELS + 1 == _F
+_ROW = {name: i for i, name in enumerate(_SCALAR_NAMES)}
+assert [_ROW[f"depth_imbalance_l{k}"] for k in (1, 3, 5, 10)] == list(
+    range(_ROW["depth_imbalance_l1"], _ROW["depth_imbalance_l1"] + 4)
+)
+assert _ROW["log_depth_ask_l10"] == _ROW["log_depth_bid_l10"] + 1
 _DAY_NS = 86_400 * 1_000_000_000
 _TWO_PI = 2.0 * math.pi
 
@@ -330,33 +335,6 @@ sizes summed over levels 1..k (contracts); all zero before the first healthy rec
 _DEPTH_LEVELS = (1, 3, 5, 10)
 
 
-def _book_values(book: np.ndarray, tick: int) -> dict[str, np.ndarray]:
-    """Book features at ``n`` closes from :data:`BOOK_INTS` values, int64 ``(len(BOOK_INTS), n)``.
-
-    ``spread_ticks = (a - b) / tick``; ``microprice_offset_ticks`` = (microprice - mid) / tick =
-    ``spread_ticks * (qb - qa) / (2 (qb + qa))`` (microprice ``(b qa + a qb) / (qa + qb)``);
-    ``depth_imbalance_lk = (B_k - A_k) / (B_k + A_k)``; ``log_depth_*_l10 = log1p(size on 10
-    levels)``; every ratio is 0 when its denominator is 0 (no book yet)."""
-    bid, ask, qb, qa = book[0], book[1], book[2], book[3]
-    top = qb + qa
-    spread = (ask - bid) / tick
-    depth_b, depth_a = book[4:8], book[8:12]  # (4, n): levels 1, 3, 5, 10
-    total = depth_b + depth_a
-    imbalance = (depth_b - depth_a) / np.where(total > 0, total, 1)
-    log_depth = np.log1p(book[[7, 11]].astype(np.float64))
-    return {
-        "mid_ticks": (bid + ask) / (2 * tick),
-        "spread_ticks": spread,
-        "microprice_offset_ticks": spread * (qb - qa) / (2 * np.where(top > 0, top, 1)),
-        "bid_price": bid / PRICE_SCALE,
-        "ask_price": ask / PRICE_SCALE,
-        "mid_price": (bid + ask) / (2 * PRICE_SCALE),
-        "log_depth_bid_l10": log_depth[0],
-        "log_depth_ask_l10": log_depth[1],
-        **{f"depth_imbalance_l{k}": imbalance[i] for i, k in enumerate(_DEPTH_LEVELS)},
-    }
-
-
 def _bar_frame(
     spec: InstrumentSpec,
     *,
@@ -384,39 +362,79 @@ def _bar_frame(
     and at the previous one (0: none yet); ``book``: :data:`BOOK_INTS` at the close,
     ``(n, len(BOOK_INTS))``; ``rv_half_ticks2``: sum over the bar of the squared
     record-to-record change of ``mid2`` in ticks (twice the mid in ticks); ``ofi``: ``(n,
-    LEVELS)`` contracts; ``tradable``: bool."""
+    LEVELS)`` contracts; ``tradable``: bool.
+
+    Book features: ``spread_ticks = (a - b) / tick``; ``microprice_offset_ticks`` = (microprice
+    - mid) / tick = ``spread_ticks * (qb - qa) / (2 (qb + qa))`` (microprice ``(b qa + a qb) /
+    (qa + qb)``); ``depth_imbalance_lk = (B_k - A_k) / (B_k + A_k)``; ``log_depth_*_l10 =
+    log1p(size on 10 levels)``; every ratio is 0 when its denominator is 0 (no book yet).
+
+    The features other than OFI are computed as rows of one float64 array (:data:`_SCALAR_NAMES`
+    order) and cast into the float32 matrix in two block copies: with a batch of a few bars
+    (the incremental path) NumPy's per-call cost is what counts."""
     tick = tick_fixed(spec.tick_size)
+    n = close_ts.shape[0]
+    bid, ask, qb, qa = book[:, 0], book[:, 1], book[:, 2], book[:, 3]
+    rows = np.empty((len(_SCALAR_NAMES), n))
+    (mid_logret, mid_change, spread, microprice, signed_row, volume_row, trades_row, rv_row, count_row) = (
+        rows[_ROW[name]]
+        for name in (
+            "mid_logret",
+            "mid_change_ticks",
+            "spread_ticks",
+            "microprice_offset_ticks",
+            "trade_volume_signed",
+            "trade_volume",
+            "trade_count",
+            "realized_var_ticks2",
+            "update_count",
+        )
+    )
     ok = (mid2 > 0) & (mid2_before > 0)
+    np.divide(np.where(ok, mid2, 1), np.where(ok, mid2_before, 1), out=mid_logret)
+    np.log(mid_logret, out=mid_logret)
+    np.divide(np.where(ok, mid2 - mid2_before, 0), 2 * tick, out=mid_change)
+    np.divide(ask - bid, tick, out=spread)
+    top = qb + qa
+    np.multiply(spread, qb - qa, out=microprice)
+    np.divide(microprice, 2 * np.where(top > 0, top, 1), out=microprice)
+    depth = book[:, 4:].T  # (8, n): bid levels 1, 3, 5, 10, then ask
+    total = depth[:4] + depth[4:]
+    np.divide(
+        depth[:4] - depth[4:], np.where(total > 0, total, 1), out=rows[_ROW["depth_imbalance_l1"] :][:4]
+    )
+    signed_row[:] = signed_volume
+    volume_row[:] = volume
+    trades_row[:] = trades
+    np.divide(rv_half_ticks2, 4, out=rv_row)
+    count_row[:] = n_records
+    log_depth = rows[_ROW["log_depth_bid_l10"] :][:2]
+    log_depth[:] = depth[[3, 7]]
+    np.log1p(log_depth, out=log_depth)
+    np.divide(close_ts - close_ts_before, 1e9, out=rows[_ROW["bar_seconds"]])
     angle = (close_ts % _DAY_NS) * (_TWO_PI / _DAY_NS)
-    values = _book_values(book.T, tick) | {
-        "mid_logret": np.log(np.where(ok, mid2, 1) / np.where(ok, mid2_before, 1)),
-        "mid_change_ticks": np.where(ok, mid2 - mid2_before, 0) / (2 * tick),
-        "trade_volume_signed": signed_volume,
-        "trade_volume": volume,
-        "trade_count": trades,
-        "realized_var_ticks2": rv_half_ticks2 / 4,
-        "update_count": n_records,
-        "bar_seconds": (close_ts - close_ts_before) / 1e9,
-        "tod_sin": np.sin(angle),
-        "tod_cos": np.cos(angle),
-    }
-    feats = np.empty((close_ts.shape[0], _F), np.float32)  # a few whole-block copies, not F
-    feats[:, :_OFI_COL] = np.array([values[name] for name in _SCALAR_NAMES[:_OFI_COL]]).T
+    np.sin(angle, out=rows[_ROW["tod_sin"]])
+    np.cos(angle, out=rows[_ROW["tod_cos"]])
+
+    feats = np.empty((n, _F), np.float32)
+    feats[:, :_OFI_COL] = rows[:_OFI_COL].T
     feats[:, _OFI_COL : _OFI_COL + LEVELS] = ofi
     feats[:, _OFI_COL + LEVELS] = ofi.sum(axis=1)
-    feats[:, _OFI_COL + LEVELS + 1 :] = np.array([values[name] for name in _SCALAR_NAMES[_OFI_COL:]]).T
+    feats[:, _OFI_COL + LEVELS + 1 :] = rows[_OFI_COL:].T
+    mid = bid + ask
+    prices = np.divide(book[:, :2].T, PRICE_SCALE)  # bid, ask
     return BarFrame(
         instrument_id=spec.instrument_id,
         symbol=spec.symbol,
         ts_close=close_ts,
         features=feats,
-        mid_ticks=values["mid_ticks"],
-        mid_price=values["mid_price"],
-        spread_ticks=values["spread_ticks"],
-        bid_price=values["bid_price"],
-        ask_price=values["ask_price"],
-        bid_size=book[:, 2].copy(),
-        ask_size=book[:, 3].copy(),
+        mid_ticks=mid / (2 * tick),
+        mid_price=mid / (2 * PRICE_SCALE),
+        spread_ticks=spread,
+        bid_price=prices[0],
+        ask_price=prices[1],
+        bid_size=qb.copy(),
+        ask_size=qa.copy(),
         close_index=close_index,
         n_records=n_records,
         tradable=tradable,
@@ -796,23 +814,41 @@ def compute_file(
     return stream.result()
 
 
-_REC = struct.Struct("<BBHIQqIccBBQiI" + "qqIIII" * LEVELS)
-"""One MBP-10 record as Python values: header and event fields (0-13), then level ``k`` at
-``14 + 6k``: bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct."""
+_REC = struct.Struct("<BB2xI8xqIcc2xQ4xI" + "qqII8x" * LEVELS)
+"""What the incremental path reads of an MBP-10 record, as Python values: header and event
+fields (0-8, see ``_F_*``), then level ``k`` at ``9 + 4k``: bid_px, ask_px, bid_sz, ask_sz.
+Fields it does not use (publisher, ts_event, flags, depth, ts_in_delta, the order counts) are
+skipped: each value unpacked is a Python object made per record."""
+assert _REC.size == MBP10_DTYPE.itemsize
 _RECORD_SIZE = MBP10_DTYPE.itemsize
 _IID = struct.Struct("<4xI")
 # positions in an unpacked record
-_F_LENGTH, _F_RTYPE, _F_IID, _F_PRICE, _F_SIZE = 0, 1, 3, 5, 6
-_F_ACTION, _F_SIDE, _F_TS, _F_SEQ = 7, 8, 11, 13
+_F_LENGTH, _F_RTYPE, _F_IID, _F_PRICE, _F_SIZE = 0, 1, 2, 3, 4
+_F_ACTION, _F_SIDE, _F_TS, _F_SEQ = 5, 6, 7, 8
+_F_BID, _F_ASK, _F_BID_SZ, _F_ASK_SZ = 9, 10, 11, 12  # top of book
+_BIDS, _ASKS, _BID_SZS, _ASK_SZS = (slice(i, None, 4) for i in (_F_BID, _F_ASK, _F_BID_SZ, _F_ASK_SZ))
 
 
 def _book_ints(f: tuple[Any, ...]) -> tuple[int, ...]:
     """:data:`BOOK_INTS` of an unpacked record."""
-    bs, as_ = f[16::6], f[17::6]
+    bs, as_ = f[_BID_SZS], f[_ASK_SZS]
     b3 = bs[0] + bs[1] + bs[2]
     a3 = as_[0] + as_[1] + as_[2]
     b5, a5 = b3 + bs[3] + bs[4], a3 + as_[3] + as_[4]
-    return (f[14], f[15], bs[0], as_[0], bs[0], b3, b5, b5 + sum(bs[5:]), as_[0], a3, a5, a5 + sum(as_[5:]))
+    return (
+        f[_F_BID],
+        f[_F_ASK],
+        bs[0],
+        as_[0],
+        bs[0],
+        b3,
+        b5,
+        b5 + sum(bs[5:]),
+        as_[0],
+        a3,
+        a5,
+        a5 + sum(as_[5:]),
+    )
 
 
 # a closed bar waiting for its frame (IncrementalBars._closed): these ints, then BOOK_INTS, then
@@ -852,8 +888,10 @@ class IncrementalBars:
         self._gap_open = False  # the gap episode waits for the next record
         self._stale_open = False  # the clock found the feed stale; the next record ends it
         self._event_clock = bars.clock == "events"
-        # the previous record
+        # the previous record, and its bid and ask prices
         self._last: tuple[Any, ...] | None = None
+        self._bids: tuple[int, ...] = ()
+        self._asks: tuple[int, ...] = ()
         self._last_ok = False
         # the last healthy record and the previous close
         self._healthy: tuple[Any, ...] | None = None
@@ -888,10 +926,10 @@ class IncrementalBars:
         return BookSnapshot(
             instrument_id=self.spec.instrument_id,
             ts_recv=f[_F_TS],
-            bid_px=f[14::6],
-            ask_px=f[15::6],
-            bid_sz=f[16::6],
-            ask_sz=f[17::6],
+            bid_px=f[_BIDS],
+            ask_px=f[_ASKS],
+            bid_sz=f[_BID_SZS],
+            ask_sz=f[_ASK_SZS],
         )
 
     def push(self, record: bytes | bytearray | memoryview) -> BarFrame | None:
@@ -921,13 +959,15 @@ class IncrementalBars:
         bad = ~mbp10_header_ok(contiguous) | (contiguous["instrument_id"] != self.spec.instrument_id)
         if bad.any():
             self.push(contiguous[int(np.argmax(bad))].tobytes())  # raises the error push() gives
-        add = self._add
-        for f, mask in zip(
-            _REC.iter_unpack(contiguous.data.cast("B")), self._masks_of(contiguous), strict=True
-        ):
-            add(f, mask)
+        self._add_records(contiguous)
         frame = self._take_closed()
         return [] if frame is None else [frame]
+
+    def _add_records(self, records: np.ndarray) -> None:
+        """:meth:`_add` each of ``records`` (contiguous, checked, this instrument's)."""
+        add = self._add
+        for f, mask in zip(_REC.iter_unpack(records.data.cast("B")), self._masks_of(records), strict=True):
+            add(f, mask)
 
     def poll(self, now_ns: int) -> BarFrame | None:
         """Judge the feed at the caller's clock ``now_ns`` (UNIX ns): open a stale episode when
@@ -953,17 +993,17 @@ class IncrementalBars:
         ts = f[_F_TS]
         return int(
             fault_mask(
-                bid=f[14],
-                ask=f[15],
-                bid_sz=f[16],
-                ask_sz=f[17],
+                bid=f[_F_BID],
+                ask=f[_F_ASK],
+                bid_sz=f[_F_BID_SZ],
+                ask_sz=f[_F_ASK_SZ],
                 trade_price=f[_F_PRICE] if f[_F_ACTION] == ACTION_TRADE else 1,
                 ts=ts,
                 clock_before=ts if last is None else self._clock.clock_ts,
                 seq=f[_F_SEQ],
                 seq_before=f[_F_SEQ] if last is None else last[_F_SEQ],
-                bid_before=UNDEF_PRICE if last is None else valid_top(last[14]),
-                ask_before=UNDEF_PRICE if last is None else valid_top(last[15]),
+                bid_before=UNDEF_PRICE if last is None else valid_top(last[_F_BID]),
+                ask_before=UNDEF_PRICE if last is None else valid_top(last[_F_ASK]),
                 tick=self._tick,
                 config=self._health,
             )
@@ -976,7 +1016,9 @@ class IncrementalBars:
         last = self._last
         prev = None
         if last is not None:
-            prev = PrevTop(self._clock.clock_ts, last[_F_SEQ], valid_top(last[14]), valid_top(last[15]))
+            prev = PrevTop(
+                self._clock.clock_ts, last[_F_SEQ], valid_top(last[_F_BID]), valid_top(last[_F_ASK])
+            )
         bid = records["bid_px_00"].astype(np.int64)
         ask = records["ask_px_00"].astype(np.int64)
         masks: list[int] = record_faults(
@@ -1001,25 +1043,26 @@ class IncrementalBars:
         if closes:
             self._close(closes, clock_before)
 
-        bids, asks = f[14::6], f[15::6]
+        bids, asks = f[_BIDS], f[_ASKS]
         ok = mask == 0
         self._ts.append(ts)
         self._masks.append(mask)
         if last is not None:
             ofi = self._ofi
             if ok and self._last_ok:
-                if bids != last[14::6]:
-                    pb, q, pq = last[14::6], f[16::6], last[16::6]
+                pb, pa = self._bids, self._asks
+                if bids != pb:
+                    q, pq = f[_BID_SZS], last[_BID_SZS]
                     for k in range(LEVELS):
                         if bids[k] != pb[k]:
                             ofi[k] += ofi_price_term(bids[k], pb[k], q[k], pq[k], bid=True)
-                if asks != last[15::6]:
-                    pa, q, pq = last[15::6], f[17::6], last[17::6]
+                if asks != pa:
+                    q, pq = f[_ASK_SZS], last[_ASK_SZS]
                     for k in range(LEVELS):
                         if asks[k] != pa[k]:
                             ofi[k] += ofi_price_term(asks[k], pa[k], q[k], pq[k], bid=False)
             else:  # a pair with an unhealthy record adds no flow
-                bsz, asz, pqb, pqa = f[16::6], f[17::6], last[16::6], last[17::6]
+                bsz, asz, pqb, pqa = f[_BID_SZS], f[_ASK_SZS], last[_BID_SZS], last[_ASK_SZS]
                 for k in range(LEVELS):
                     ofi[k] -= (bsz[k] - pqb[k]) - (asz[k] - pqa[k])
         else:
@@ -1045,13 +1088,14 @@ class IncrementalBars:
         else:
             self._n_bad += 1
         self._last = f
+        self._bids, self._asks = bids, asks
         self._last_ok = ok
         self._n_open += 1
         self._n_seen += 1
         if self._event_clock and clock.after_record():
             self._close([clock.clock_ts], clock.clock_ts)
 
-    def _close(self, closes: list[int], last_clock: int) -> None:
+    def _close(self, closes: Sequence[int], last_clock: int) -> None:
         """Close the bars at ``closes``: the open bar (when it holds records) and empty bars;
         their statistics go to :attr:`_closed`. ``last_clock`` is the clock of the last record
         before the close."""
@@ -1062,8 +1106,17 @@ class IncrementalBars:
             if n:
                 last, start = self._last, self._end_sizes
                 assert last is not None and start is not None
-                lb, la, sb, sa = last[16::6], last[17::6], start[16::6], start[17::6]
-                ofi = [(lb[k] - sb[k]) - (la[k] - sa[k]) + self._ofi[k] for k in range(LEVELS)]
+                ofi = [
+                    (lb - sb) - (la - sa) + o
+                    for lb, la, sb, sa, o in zip(
+                        last[_BID_SZS],
+                        last[_ASK_SZS],
+                        start[_BID_SZS],
+                        start[_ASK_SZS],
+                        self._ofi,
+                        strict=True,
+                    )
+                ]
                 self._end_sizes = last
                 self._close_index = self._n_seen - 1
                 stats = (self._signed, self._volume, self._trades, self._rv)
@@ -1169,16 +1222,12 @@ class IncrementalFeatures:
             ids = contiguous["instrument_id"]
         if not len(ids):
             return []
-        masks = np.empty(len(ids), np.int64)
-        for iid, builder in self.by_id.items():
+        for iid, builder in self.by_id.items():  # instruments are independent: one at a time
             mine = ids == iid
             if mine.all():
-                masks[:] = builder._masks_of(contiguous)
+                builder._add_records(contiguous)
             elif mine.any():
-                masks[mine] = builder._masks_of(take_mbp10(contiguous, mine))
-        route = self.by_id.__getitem__
-        for f, mask in zip(_REC.iter_unpack(contiguous.data.cast("B")), masks.tolist(), strict=True):
-            route(f[_F_IID])._add(f, mask)
+                builder._add_records(take_mbp10(contiguous, mine))
         out = []
         for builder in self.by_id.values():
             frame = builder._take_closed()
