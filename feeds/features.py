@@ -233,6 +233,12 @@ _DEPTH_COLS = [k - 1 for k in (1, 3, 5, 10)]
 _TRADE, _BID, _ASK = ord(ACTION_TRADE), ord(SIDE_BID), ord(SIDE_ASK)
 
 
+def _size_words(words: np.ndarray) -> np.ndarray:
+    """The size words of the levels of records as int64 words, a strided ``(n, LEVELS)`` view
+    (indexing its rows is ~3x faster than indexing words by row and column)."""
+    return words[:, _SIZES[0] : _SIZES[-1] + 1 : 4]
+
+
 def _side_sizes(size_words: np.ndarray, bid: bool) -> np.ndarray:
     """The bid (low 32 bits) or ask (high 32 bits) sizes of level size words."""
     return size_words & _LOW32 if bid else size_words >> 32
@@ -264,11 +270,13 @@ def _bar_ofi(
     n_bars = ends.shape[0]
     first = carried if carried is not None else words[0]
     last = ends - 1
-    size_end = np.where((last >= 0)[:, None], words[np.maximum(last, 0)[:, None], _SIZES], first[_SIZES])
-    size_prev = np.empty_like(size_end)
-    size_prev[0] = first[_SIZES]
-    size_prev[1:] = size_end[:-1]
-    ofi: np.ndarray = ((size_end & _LOW32) - (size_prev & _LOW32)) - ((size_end >> 32) - (size_prev >> 32))
+    size_end = _size_words(words)[np.maximum(last, 0)]
+    size_end[last < 0] = first[_SIZES]
+    net_end = (size_end & _LOW32) - (size_end >> 32)  # bid minus ask size per level
+    net_first = (first[_SIZES] & _LOW32) - (first[_SIZES] >> 32)
+    ofi: np.ndarray = np.empty_like(net_end)
+    ofi[0] = net_end[0] - net_first
+    np.subtract(net_end[1:], net_end[:-1], out=ofi[1:])
 
     flat = words.reshape(-1)  # word c of record i is flat[i * _WORDS + c]
     cells: list[np.ndarray] = []  # bar * LEVELS + level of each correction
@@ -292,8 +300,8 @@ def _bar_ofi(
             values.append(ofi_price_term(px[0, lev0], carried[cols[lev0]], q1, q0, bid=bid))
     bad = np.flatnonzero(~pair_ok)
     if bad.shape[0]:
-        now = words[bad[:, None], _SIZES]
-        before = words[np.maximum(bad - 1, 0)[:, None], _SIZES]
+        now = _size_words(words)[bad]
+        before = _size_words(words)[np.maximum(bad - 1, 0)]
         if carried is not None:
             before[bad == 0] = carried[_SIZES]
         change = ((now & _LOW32) - (before & _LOW32)) - ((now >> 32) - (before >> 32))
@@ -532,16 +540,17 @@ def _kernel(
         h = np.where(has_rec, last_ok_idx[np.maximum(last, 0)], -1)
         with_book = h >= 0
         rows = h[with_book]
-        sizes = words[rows[:, None], _SIZES]
-        depth = np.empty((rows.shape[0], 2, LEVELS), np.int64)  # bid, ask sizes summed over levels
+        sizes = _size_words(words)[rows].T
+        depth = np.empty((LEVELS, 2, rows.shape[0]), np.int64)  # level-major: bid, ask contracts
         np.bitwise_and(sizes, _LOW32, out=depth[:, 0])
         np.right_shift(sizes, 32, out=depth[:, 1])
-        np.cumsum(depth, axis=2, out=depth)
+        for k in range(1, LEVELS):  # summed over levels 1..k+1: whole-array adds (cumsum along a
+            depth[k] += depth[k - 1]  # short axis is slower)
         book_rows = np.empty((rows.shape[0], len(BOOK_INTS)), np.int64)
         book_rows[:, 0] = bid[rows]
         book_rows[:, 1] = ask[rows]
-        book_rows[:, 2:4] = depth[:, :, 0]
-        book_rows[:, 4:] = depth[:, :, _DEPTH_COLS].reshape(-1, 2 * len(_DEPTH_COLS))
+        book_rows[:, 2:4] = depth[0].T
+        book_rows[:, 4:].reshape(-1, 2, len(_DEPTH_COLS))[:] = depth[_DEPTH_COLS].transpose(2, 1, 0)
         book[with_book] = book_rows
         close_mid2[with_book] = mid2[rows]
         has_book |= with_book
