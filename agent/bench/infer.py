@@ -18,11 +18,14 @@ Keys (README "Benchmarks"):
   unless ``--no-cpu-reference``.
 
 The model has random weights of the configured shape (speed does not depend on the values).
+The CPU figures run with ``train.cpu_threads`` BLAS threads (1 by default), as the daemon, the
+backtest drivers and the trainer do.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from rich.console import Console
 from rich.progress import Progress
+from threadpoolctl import threadpool_limits
 
 from agent.gpu.backend import Backend, select_backend
 from agent.gpu.engine import InferenceEngine
@@ -181,9 +185,20 @@ def _train_samples_per_s(cfg: ModelConfig, backend: Backend, batch: int, steps: 
 def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
     backend = select_backend(args.device or config.device)
     cfg = config.model.with_features(args.features) if not config.model.n_features else config.model
+    out: dict[str, Any] = {"device": backend.kind, "device_name": backend.description}
+    with contextlib.ExitStack() as stack:
+        if config.train.cpu_threads:
+            stack.enter_context(threadpool_limits(config.train.cpu_threads, user_api="blas"))
+        out |= _measure(args, config, backend, cfg)
+    out["window"] = cfg.window
+    out["features"] = cfg.n_features
+    return out
+
+
+def _measure(args: argparse.Namespace, config: Config, backend: Backend, cfg: ModelConfig) -> dict[str, Any]:
     cuda = backend.is_cuda
     iterations = max(args.iterations, 100)
-    out: dict[str, Any] = {"device": backend.kind, "device_name": backend.description}
+    out: dict[str, Any] = {}
     with Progress(console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("bench infer", total=6)
 
@@ -211,6 +226,4 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
             out["decisions_per_s_vs_cpu"] = out["decisions_per_s_b4096"] / out["cpu_decisions_per_s_b4096"]
             out["train_vs_cpu"] = out["train_samples_per_s"] / out["cpu_train_samples_per_s"]
         phase("done")
-    out["window"] = cfg.window
-    out["features"] = cfg.n_features
     return out
