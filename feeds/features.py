@@ -620,6 +620,9 @@ def _stale_ns(health: HealthConfig) -> int:
     return round(health.stale_after_s * 1e9)
 
 
+_NO_ID = -1
+"""The instrument id :class:`FeatureStream` gives a record that is not MBP-10 (real ids are
+uint32)."""
 _GROUP_RECORDS = 1 << 13
 """The vectorised path runs the kernel over groups of whole bars of about this many records:
 small temporaries stay in cache and are reused, and the carry makes the grouping invisible."""
@@ -729,7 +732,6 @@ class FeatureStream:
             _InstrumentStream(spec, bars, health, HealthMonitor(spec.instrument_id, spec.symbol))
             for spec in instruments
         ]
-        self._ids = np.array([s.spec.instrument_id for s in self._streams], dtype=np.uint32)
         self._offset = 0
         self._rejected = 0
 
@@ -737,14 +739,15 @@ class FeatureStream:
         """Add the next chunk (1-D :data:`MBP10_DTYPE`, any instruments, arrival order)."""
         _check_records(records)
         chunk = np.ascontiguousarray(records)  # the kernel views records as int64 words
-        ids = chunk["instrument_id"]
-        header_ok = mbp10_header_ok(chunk)
-        valid = np.isin(ids, self._ids) & header_ok
-        self._rejected += int(chunk.shape[0] - np.count_nonzero(valid))
+        ids = chunk["instrument_id"].astype(np.int64)  # read once, then contiguous
+        ids[~mbp10_header_ok(chunk)] = _NO_ID
+        valid = np.zeros(chunk.shape[0], bool)
         for stream in self._streams:
-            mine = (ids == stream.spec.instrument_id) & header_ok
+            mine = ids == stream.spec.instrument_id
+            valid |= mine
             positions = None if mine.all() else np.flatnonzero(mine)
             stream.push(chunk, positions, self._offset)
+        self._rejected += int(chunk.shape[0] - np.count_nonzero(valid))
         self._offset += chunk.shape[0]
 
     def result(self) -> FeatureSet:
