@@ -343,6 +343,23 @@ sizes summed over levels 1..k (contracts); all zero before the first healthy rec
 _DEPTH_LEVELS = (1, 3, 5, 10)
 
 
+def _book_rows(bid: np.ndarray, ask: np.ndarray, bid_sizes: np.ndarray, ask_sizes: np.ndarray) -> np.ndarray:
+    """:data:`BOOK_INTS` of ``n`` books, int64 ``(n, len(BOOK_INTS))``, from their best prices
+    (``(n,)``) and level sizes (contracts, level-major ``(LEVELS, n)``); both paths use it."""
+    n = bid.shape[0]
+    depth = np.empty((LEVELS, 2, n), np.int64)  # level-major: bid, ask contracts
+    depth[:, 0] = bid_sizes
+    depth[:, 1] = ask_sizes
+    for k in range(1, LEVELS):  # summed over levels 1..k+1: whole-array adds (cumsum along a
+        depth[k] += depth[k - 1]  # short axis is slower)
+    out = np.empty((n, len(BOOK_INTS)), np.int64)
+    out[:, 0] = bid
+    out[:, 1] = ask
+    out[:, 2:4] = depth[0].T
+    out[:, 4:].reshape(n, 2, len(_DEPTH_COLS))[:] = depth[_DEPTH_COLS].transpose(2, 1, 0)
+    return out
+
+
 def _bar_frame(
     spec: InstrumentSpec,
     *,
@@ -541,17 +558,7 @@ def _kernel(
         with_book = h >= 0
         rows = h[with_book]
         sizes = _size_words(words)[rows].T
-        depth = np.empty((LEVELS, 2, rows.shape[0]), np.int64)  # level-major: bid, ask contracts
-        np.bitwise_and(sizes, _LOW32, out=depth[:, 0])
-        np.right_shift(sizes, 32, out=depth[:, 1])
-        for k in range(1, LEVELS):  # summed over levels 1..k+1: whole-array adds (cumsum along a
-            depth[k] += depth[k - 1]  # short axis is slower)
-        book_rows = np.empty((rows.shape[0], len(BOOK_INTS)), np.int64)
-        book_rows[:, 0] = bid[rows]
-        book_rows[:, 1] = ask[rows]
-        book_rows[:, 2:4] = depth[0].T
-        book_rows[:, 4:].reshape(-1, 2, len(_DEPTH_COLS))[:] = depth[_DEPTH_COLS].transpose(2, 1, 0)
-        book[with_book] = book_rows
+        book[with_book] = _book_rows(bid[rows], ask[rows], sizes & _LOW32, sizes >> 32)
         close_mid2[with_book] = mid2[rows]
         has_book |= with_book
         last_ok_bar[has_rec] = ok[last[has_rec]]
@@ -841,34 +848,14 @@ _F_BID, _F_ASK, _F_BID_SZ, _F_ASK_SZ = 9, 10, 11, 12  # top of book
 _BIDS, _ASKS, _BID_SZS, _ASK_SZS = (slice(i, None, 4) for i in (_F_BID, _F_ASK, _F_BID_SZ, _F_ASK_SZ))
 
 
-def _book_ints(f: tuple[Any, ...]) -> tuple[int, ...]:
-    """:data:`BOOK_INTS` of an unpacked record."""
-    bs, as_ = f[_BID_SZS], f[_ASK_SZS]
-    b3 = bs[0] + bs[1] + bs[2]
-    a3 = as_[0] + as_[1] + as_[2]
-    b5, a5 = b3 + bs[3] + bs[4], a3 + as_[3] + as_[4]
-    return (
-        f[_F_BID],
-        f[_F_ASK],
-        bs[0],
-        as_[0],
-        bs[0],
-        b3,
-        b5,
-        b5 + sum(bs[5:]),
-        as_[0],
-        a3,
-        a5,
-        a5 + sum(as_[5:]),
-    )
-
-
-# a closed bar waiting for its frame (IncrementalBars._closed): these ints, then BOOK_INTS, then
-# the per-level OFI
+# a closed bar waiting for its frame (IncrementalBars._closed), all ints: its statistics, the
+# book at its close and the sizes at its last record (the book and the order-flow imbalance of
+# the bars one call closes are computed together, as arrays)
 _P_CLOSE, _P_BEFORE, _P_MID2, _P_MID2_BEFORE, _P_SIGNED, _P_VOLUME, _P_TRADES, _P_RV = range(8)
 _P_N, _P_INDEX, _P_TRADABLE = 8, 9, 10
-_P_BOOK = 11
-_P_OFI = _P_BOOK + len(BOOK_INTS)
+_P_BOOK = 11  # the last healthy record's bid, ask, bid sizes, ask sizes (zeros before one)
+_P_END = _P_BOOK + 2 + 2 * LEVELS  # bid sizes, ask sizes of the bar's last record
+_P_OFI = _P_END + 2 * LEVELS  # the price-change corrections and excluded pairs of the bar
 
 
 class IncrementalBars:
@@ -907,14 +894,15 @@ class IncrementalBars:
         self._last_ok = False
         # the last healthy record and the previous close
         self._healthy: tuple[Any, ...] | None = None
-        self._book: tuple[int, ...] = (0,) * len(BOOK_INTS)
+        self._book: tuple[int, ...] = (0,) * (_P_END - _P_BOOK)  # the book part of a bar's row
         self._book_of: tuple[Any, ...] | None = None
         self._mid2 = 0
         self._half_ticks = 0
         self._close_mid2 = 0
         self._close_ts = 0
         self._close_index = -1
-        self._end_sizes: tuple[Any, ...] | None = None  # sizes at the previous bar's last record
+        self._end_sizes: tuple[int, ...] = (0,) * 2 * LEVELS  # at the previous bar's last record
+        self._net_taken: Any = np.zeros(LEVELS, np.int64)  # bid - ask sizes at the last bar taken
         self._closed: list[tuple[int, ...]] = []  # bars closed by the current call
         self._open_bar()
 
@@ -1077,8 +1065,9 @@ class IncrementalBars:
                 bsz, asz, pqb, pqa = f[_BID_SZS], f[_ASK_SZS], last[_BID_SZS], last[_ASK_SZS]
                 for k in range(LEVELS):
                     ofi[k] -= (bsz[k] - pqb[k]) - (asz[k] - pqa[k])
-        else:
-            self._end_sizes = f
+        else:  # the stream's first record starts the first bar's order flow
+            self._end_sizes = f[_BID_SZS] + f[_ASK_SZS]
+            self._net_taken = np.subtract(f[_BID_SZS], f[_ASK_SZS])
         if f[_F_ACTION] == ACTION_TRADE:
             size = f[_F_SIZE]
             self._trades += 1
@@ -1116,26 +1105,16 @@ class IncrementalBars:
         for j, close in enumerate(closes):
             n = self._n_open if j == 0 else 0
             if n:
-                last, start = self._last, self._end_sizes
-                assert last is not None and start is not None
-                ofi = [
-                    (lb - sb) - (la - sa) + o
-                    for lb, la, sb, sa, o in zip(
-                        last[_BID_SZS],
-                        last[_ASK_SZS],
-                        start[_BID_SZS],
-                        start[_ASK_SZS],
-                        self._ofi,
-                        strict=True,
-                    )
-                ]
-                self._end_sizes = last
+                last = self._last
+                assert last is not None
+                self._end_sizes = last[_BID_SZS] + last[_ASK_SZS]
                 self._close_index = self._n_seen - 1
                 stats = (self._signed, self._volume, self._trades, self._rv)
+                ofi = self._ofi
                 healthy = self._healthy
                 if healthy is not self._book_of and healthy is not None:
                     self._book_of = healthy
-                    self._book = _book_ints(healthy)
+                    self._book = (healthy[_F_BID], healthy[_F_ASK], *healthy[_BID_SZS], *healthy[_ASK_SZS])
             else:
                 ofi = [0] * LEVELS
                 stats = (0, 0, 0, 0)
@@ -1158,6 +1137,7 @@ class IncrementalBars:
                     self._close_index,
                     tradable,
                     *self._book,
+                    *self._end_sizes,
                     *ofi,
                 )
             )
@@ -1173,18 +1153,29 @@ class IncrementalBars:
             return None
         rows = np.array(self._closed, np.int64)
         self._closed = []
+        # order-flow imbalance: the size change over the bar (telescoped) plus the corrections
+        net = rows[:, _P_END : _P_END + LEVELS] - rows[:, _P_END + LEVELS : _P_OFI]
+        net_before = np.empty_like(net)
+        net_before[0] = self._net_taken
+        net_before[1:] = net[:-1]
+        self._net_taken = net[-1]
+        ofi = net - net_before + rows[:, _P_OFI:]
+        healthy = rows[:, _P_BOOK:_P_END]
+        book = _book_rows(
+            healthy[:, 0], healthy[:, 1], healthy[:, 2 : 2 + LEVELS].T, healthy[:, 2 + LEVELS :].T
+        )
         return _bar_frame(
             self.spec,
             close_ts=rows[:, _P_CLOSE].copy(),
             close_ts_before=rows[:, _P_BEFORE],
             mid2=rows[:, _P_MID2],
             mid2_before=rows[:, _P_MID2_BEFORE],
-            book=rows[:, _P_BOOK:_P_OFI],
+            book=book,
             signed_volume=rows[:, _P_SIGNED],
             volume=rows[:, _P_VOLUME],
             trades=rows[:, _P_TRADES],
             rv_half_ticks2=rows[:, _P_RV],
-            ofi=rows[:, _P_OFI:],
+            ofi=ofi,
             n_records=rows[:, _P_N].copy(),
             close_index=rows[:, _P_INDEX].copy(),
             tradable=rows[:, _P_TRADABLE] != 0,
