@@ -475,11 +475,15 @@ def _kernel(
     health: HealthConfig,
     monitor: HealthMonitor,
     index_base: np.ndarray,
+    ts: np.ndarray,
+    clock: np.ndarray,
 ) -> tuple[BarFrame, _Carry]:
     """The vectorised path: features of the bars of ``plan`` over ``records`` (one instrument,
     exactly the records of those bars, in arrival order, contiguous). ``index_base`` maps local
-    record indices to ``close_index`` (int64 ``(n,)``, positions in the stream).
-    Returns the frame and the carry for the next group of bars."""
+    record indices to ``close_index`` (int64 ``(n,)``, positions in the stream); ``ts`` is the
+    records' ``ts_recv`` and ``clock`` its running maximum from the stream's start (int64
+    ``(n,)``, computed by the caller for the bar plan). Returns the frame and the carry for the
+    next group of bars."""
     tick = tick_fixed(spec.tick_size)
     stale_ns = round(health.stale_after_s * 1e9)
     n = records.shape[0]
@@ -495,8 +499,6 @@ def _kernel(
         bid = words[:, _BID_PX[0]].copy()
         ask = words[:, _ASK_PX[0]].copy()
         faults = record_faults(records, bid, ask, prev=carry.prev, tick=tick, config=health)
-        ts = records["ts_recv"].astype(np.int64)
-        clock = np.maximum.accumulate(np.maximum(ts, carry.last_clock))
         # stale silences between records (replay clock = the records' own ts_recv)
         prev_clock = np.empty(n, np.int64)
         prev_clock[0] = carry.last_clock
@@ -686,6 +688,8 @@ class _InstrumentStream:
                     health=self._health,
                     monitor=self.monitor,
                     index_base=index[r0:r1],
+                    ts=ts[r0:r1],
+                    clock=clock[r0:r1],
                 )
                 self._frames.append(frame)
             self._clock_before = int(clock[used - 1])
