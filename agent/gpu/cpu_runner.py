@@ -62,21 +62,22 @@ _M_MMAP_THRESHOLD = -3
 
 
 def _keep_freed_heap() -> None:
-    """Let glibc keep freed heap memory for reuse instead of returning it to the system.
+    """Let glibc keep up to 16 MiB of freed heap for reuse instead of returning it at once.
 
-    Every forward allocates the same few hundred kB temporaries and frees them. glibc's dynamic
-    thresholds follow the largest block freed so far: after a forward the heap's free top is
-    above twice that and is trimmed, and the next forward faults every page back in, which
-    costs ~30% of the forward at 32+ rows (measured 190 -> 140 us a row on the 2-core machine;
-    no change at one row). This fixes the thresholds at the dynamic scheme's own ceiling
-    (blocks up to 32 MiB from the heap, trim above 64 MiB of free top), where a process that
-    frees large arrays ends up anyway. Process-wide; nothing happens without glibc."""
+    Every forward allocates the same few MB of temporaries and frees them. glibc's dynamic
+    thresholds follow the largest block freed so far (a few hundred kB here): after each
+    forward the heap's free top exceeds twice that and is trimmed, and the next forward faults
+    every page back in, which costs ~30% of the forward at 32+ rows (measured 230 -> 140 us a
+    row on the 2-core machine; no change at one row; 4 MiB is not enough, 16 MiB is). Blocks
+    up to 32 MiB (glibc's dynamic ceiling) come from the heap, as in a process that has freed
+    large arrays. Process-wide, at most 16 MiB more resident memory; nothing happens without
+    glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return
     mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-    mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+    mallopt(_M_TRIM_THRESHOLD, 16 << 20)
 
 
 def _forward_rows(model: _CpuModel, x: F32) -> tuple[F32, F32]:
