@@ -287,18 +287,21 @@ def _split_xbc(xbc: Array, di: int, g: int, n: int, heads: int) -> tuple[Array, 
 def _causal_conv(xbc_raw: Array, conv_w: Array, conv_b: Array) -> Array:
     """Causal depthwise convolution over time from zero padding, (Bt,L,Cd) -> (Bt,L,Cd):
     ``pre[t] = conv_b + sum_k conv_w[:, k] xbc_raw[t - (W - 1) + k]``, terms before the window
-    being 0. Accumulated in place, k = 0 .. W-1, on shifted slices (no padded copy, one scratch
-    array for the products)."""
+    being 0. Accumulated in place, k = 0 .. W-1, on shifted slices (no padded copy; the oldest
+    tap is written straight into the result, the others through one scratch array)."""
     xp = array_module(xbc_raw)
     bt, length, cd = xbc_raw.shape
     width = conv_w.shape[1]
-    pre = xp.zeros((bt, length, cd), dtype=xbc_raw.dtype)
+    k0 = max(0, width - length)  # taps before k0 fall wholly before the window
+    n = length - (width - 1 - k0)  # steps whose tap k0 falls inside it
+    pre = xp.empty((bt, length, cd), dtype=xbc_raw.dtype)
+    pre[:, : length - n] = 0.0
+    xp.multiply(xbc_raw[:, :n], conv_w[:, k0], out=pre[:, length - n :])
     term = xp.empty_like(pre)
-    for k in range(width):
-        n = length - (width - 1 - k)  # steps whose tap k falls inside the window
-        if n > 0:
-            xp.multiply(xbc_raw[:, :n], conv_w[:, k], out=term[:, :n])
-            pre[:, length - n :] += term[:, :n]
+    for k in range(k0 + 1, width):
+        n = length - (width - 1 - k)
+        xp.multiply(xbc_raw[:, :n], conv_w[:, k], out=term[:, :n])
+        pre[:, length - n :] += term[:, :n]
     pre += conv_b
     return pre
 
