@@ -12,16 +12,19 @@ Keys:
 
 ``p50_ms``, ``p99_ms``
     From the arrival of the record that closes a bar (the wall-clock time the NATS batch holding
-    it was taken from the transport) to the order leaving the daemon (handed to the venue, after
-    the batched decision, the risk checks and the order's commit to the ledger). Bars closed by
-    the clock on a quiet feed are measured from that clock tick.
+    it was taken from the transport; the daemon handles batches in runs, and a run's bars are
+    measured from its first batch, an upper bound) to the order leaving the daemon (handed to
+    the paper broker, after the batched decision and the risk checks; the order's ledger row is
+    committed right behind it, see ``Daemon._place``). Bars closed by the clock on a quiet feed
+    are measured from that clock tick.
 ``records_per_s``
     Records the daemon consumed per second of wall time over the run.
 
 Where the time goes: ``decide_p50_ms``/``decide_p99_ms`` (one batched ``InferenceEngine.decide``)
-and ``ledger_p50_ms``/``ledger_p99_ms`` (the orders' commit to the ledger, which precedes their
-leaving). Also: ``orders``, ``decisions``, ``bars_dropped`` (stale or overflowing decisions),
-``instruments``, ``seconds``, ``device``.
+and ``ledger_p50_ms``/``ledger_p99_ms`` (from an order's placing to its row's commit, queue wait
+included: what an order would wait if it were committed before leaving, as orders bound for a
+gateway are). Also: ``orders``, ``decisions``, ``bars_dropped`` (stale or overflowing
+decisions), ``instruments``, ``seconds``, ``device``.
 """
 
 from __future__ import annotations

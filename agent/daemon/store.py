@@ -3,11 +3,13 @@
 The storage repositories block (SQLAlchemy, synchronous drivers), so the event loop hands each
 call to one worker thread and never stalls the feed. One thread, because a second writer on
 SQLite only waits for the lock (with the busy handler's millisecond sleeps); with priorities,
-because an order's commit sits on the latency path: :meth:`SqlWorker.call_orders` runs before
-any queued :meth:`SqlWorker.call` (reports, events), so it waits for at most the transaction in
-progress. Calls of one kind run in submission order (fills are recorded in the order they were
-received), and an order's commit completes before the order is sent, so no report of it can
-overtake it. ``DatabaseUnavailable`` (including ``FillsNotPersisted``) reaches the caller, which
+because the commit of an order bound for a gateway sits on the latency path (it precedes the
+send): :meth:`SqlWorker.call_orders` runs before any queued :meth:`SqlWorker.call` (reports,
+events, the rows of paper orders), so it waits for at most the transaction in progress. Calls
+of one kind run in submission order (fills are recorded in the order they were received). No
+report can overtake its order's row: a gateway order is committed before it is sent, and the
+row of a paper order is queued, in the daemon's ordered write queue, before it is sent.
+``DatabaseUnavailable`` (including ``FillsNotPersisted``) reaches the caller, which
 halts new orders and retries.
 """
 

@@ -14,6 +14,7 @@ sockets, a real nats-server, the real SQLite ledger and real ZeroMQ control/tele
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import subprocess
@@ -176,8 +177,12 @@ async def test_database_outage_halts_new_orders_and_loses_nothing(tmp_path: Path
         await wait_for(lambda: "database" not in daemon.halts.active, 30)
         await wait_for(lambda: daemon.counts["orders"] > orders, 30)
         await wait_for(lambda: not daemon.orders.open_orders() and not daemon._writes, 30)
-        counted = daemon.counts["fills"]
+        counted, sent = daemon.counts["fills"], daemon.counts["orders"]
     assert _count_fills(config) == counted
+    # Paper orders leave before their rows are committed: those sent while the database was
+    # locked waited in the write queue, and every order sent is in the ledger.
+    with contextlib.closing(sqlite3.connect(Path(config.data_dir) / "tradeagent.db")) as db:
+        assert db.execute("SELECT count(*) FROM orders").fetchone()[0] == sent
 
 
 async def test_promotion_swaps_between_decisions_and_bad_checkpoints_are_refused(tmp_path: Path) -> None:
