@@ -633,8 +633,10 @@ _NO_ID = -1
 """The instrument id :class:`FeatureStream` gives a record that is not MBP-10 (real ids are
 uint32)."""
 _GROUP_RECORDS = 1 << 13
-"""The vectorised path runs the kernel over groups of whole bars of about this many records:
-small temporaries stay in cache and are reused, and the carry makes the grouping invisible."""
+"""The vectorised path runs the kernel over groups of whole bars of about this many records
+(~3 MB): each group's records are gathered from the chunk just before the kernel reads them,
+so they are still in cache (gathering a whole chunk first made every later strided read a
+miss); small temporaries are reused, and the carry makes the grouping invisible."""
 FILE_CHUNK_RECORDS = 1 << 16
 """:func:`compute_file` reads this many records at a time by default (24 MiB)."""
 
@@ -870,13 +872,15 @@ class IncrementalBars:
     array, :meth:`push_records`). Per record it unpacks the fields once and updates the open
     bar's sufficient statistics in plain Python with the shared definitions (the record rules,
     :func:`fault_mask` on one record, or :func:`feeds.health.record_faults` on a pushed batch at
-    once; :func:`ofi_price_term`); a bar that closes leaves its statistics (integers), and the bars
-    closed by one call become one :class:`BarFrame` through :func:`_bar_frame`, the function
-    the vectorised path uses (so a batch of records pays NumPy's per-call costs once, not per
-    bar). :meth:`poll` with the caller's clock (simulated in replay) closes due time bars and
-    opens stale episodes; :meth:`report_gap` takes a transport gap (the open bar is not
-    tradable). Record-check episodes reach :attr:`monitor` when the bar closes (the decision
-    point), stale and gap episodes at once.
+    once; :func:`ofi_price_term`); a bar that closes leaves its statistics (integers) and the
+    sizes of its last record and of its book, and the bars closed by one call become one
+    :class:`BarFrame` through the array functions the vectorised path uses (:func:`_book_rows`,
+    :func:`_bar_frame`; the telescoped size change of the order flow as one array difference),
+    so a batch of records pays NumPy's per-call costs once, not per bar. :meth:`poll` with the
+    caller's clock (simulated in replay) closes due time bars and opens stale episodes;
+    :meth:`report_gap` takes a transport gap (the open bar is not tradable). Record-check
+    episodes reach :attr:`monitor` when the bar closes (the decision point), stale and gap
+    episodes at once.
     """
 
     def __init__(self, instrument: InstrumentSpec, bars: BarConfig, health: HealthConfig) -> None:

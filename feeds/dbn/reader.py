@@ -2,9 +2,10 @@
 
 Decoding goes through ``databento.DBNStore`` (compression is sniffed from the bytes, DBN versions
 1-3 are read, MBP-10's layout is the same in all three) and its ``to_ndarray`` views, so records
-come back as :data:`~feeds.records.MBP10_DTYPE` arrays without any per-record Python. Every record
-header is then checked (``to_ndarray`` views bytes without looking at them), and every problem
-(another schema, truncation, corrupt bytes, an empty directory) becomes a
+come back as :data:`~feeds.records.MBP10_DTYPE` arrays without any per-record Python; the records
+of a plain (uncompressed) file are viewed through a memory map of the file instead of being read
+into a buffer. Every record header is then checked (``to_ndarray`` views bytes without looking at
+them), and every problem (another schema, truncation, corrupt bytes, an empty directory) becomes a
 :class:`~feeds.errors.DBNFormatError` that names the file.
 """
 
@@ -158,10 +159,11 @@ _PRELUDE_SIZE = 8
 def _mapped(path: Path, store: databento.DBNStore) -> npt.NDArray[np.void] | None:
     """Every record of a plain (uncompressed) MBP-10 file as one read-only array over a memory
     map of the file: the records are read straight from the page cache, not copied into a buffer
-    first (~0.05 s per million records saved). ``None`` when the file is compressed, carries
-    ``ts_out``, holds no record or ends inside one: Databento's reader then reads it (and reports
-    the truncation). Plain files are written whole (:func:`~feeds.dbn.write_mbp10` renames a
-    finished file into place; the recorder appends to ``.dbn.zst`` only)."""
+    first (~0.05 s of CPU per million records saved). ``None`` when the file is compressed,
+    carries ``ts_out``, holds no record or ends inside one: Databento's reader then reads it (and
+    reports the truncation). A mapped file must not be cut shorter while it is read (the reader
+    would get SIGBUS): this project writes plain files whole (:func:`~feeds.dbn.write_mbp10`
+    renames a finished file into place) and the recorder appends to ``.dbn.zst`` files only."""
     if store.metadata.ts_out:
         return None
     with path.open("rb") as file:

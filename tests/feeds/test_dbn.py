@@ -73,6 +73,21 @@ def test_write_then_read_round_trip_with_databento(
     assert not list(tmp_path.glob(".*")), "temporary file left behind"
 
 
+def test_plain_and_compressed_files_give_the_same_chunks(
+    tmp_path: Path, records: npt.NDArray[np.void]
+) -> None:
+    # a plain file is memory-mapped, a compressed one goes through Databento's reader
+    plain = _write(tmp_path / "a.dbn", records)
+    packed = _write(tmp_path / "a.dbn.zst", records)
+    for chunk_records in (1, 7, len(records), len(records) + 1):
+        mapped = list(iter_mbp10(plain, chunk_records=chunk_records))
+        decoded = list(iter_mbp10(packed, chunk_records=chunk_records))
+        assert [len(c) for c in mapped] == [len(c) for c in decoded]
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(mapped, decoded, strict=True))
+        assert not any(c.flags.writeable for c in mapped)
+    assert np.array_equal(np.concatenate(mapped), records)
+
+
 def test_writing_is_deterministic(tmp_path: Path, records: npt.NDArray[np.void]) -> None:
     a = _write(tmp_path / "a.dbn.zst", records)
     b = _write(tmp_path / "b.dbn.zst", records)
