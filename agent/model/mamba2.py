@@ -17,6 +17,7 @@ and C are sums over the heads axis.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from agent.model.arrays import Array, Params, array_module
@@ -63,29 +64,41 @@ def _chunks(length: int, chunk: int) -> list[tuple[int, int]]:
     return [(t0, min(t0 + chunk, length)) for t0 in range(0, length, chunk)]
 
 
-def _decays(dtc: Array, Ag: Array, *, last_row: bool) -> tuple[Array, Array, Array]:
-    """Chunk decays from dt (.., Q) and A (G, Hg): Lam rows (.., R, Q), e (.., Q), w (.., Q).
+class _Decays:
+    """Decays of one chunk from dt (.., Q) and A (G, Hg), each built when first used (the full
+    output of a one-chunk window needs neither ``e`` nor ``w``).
 
-    With ``cum_t = sum_{r <= t} dt_r A`` inside the chunk: ``Lam[t, s] = exp(cum_t - cum_s)``
-    for s <= t; ``e_t = exp(cum_t)``; ``w_s = exp(cum_{Q-1} - cum_s)``. With ``last_row`` only
-    Lam's last row (which is w) is returned, R = 1, and no [Q, Q] array is built; otherwise
-    R = Q and Lam is *not* masked: its entries above the diagonal are 1 (exp of a clipped 0),
-    and the callers apply the causal mask (:func:`_causal`) to the [Q, Q] products that heads
-    share, H/G times fewer entries than Lam. Every exponent is clipped into [exp_floor, 0]
-    (A < 0, dt > 0 make them <= 0 where used; the floor avoids subnormal results).
+    With ``cum_t = sum_{r <= t} dt_r A`` inside the chunk: ``e_t = exp(cum_t)`` (.., Q);
+    ``w_s = exp(cum_{Q-1} - cum_s)`` (.., Q); :meth:`lam` gives ``Lam[t, s] = exp(cum_t -
+    cum_s)`` for s <= t. Every exponent is clipped into [exp_floor, 0] (A < 0, dt > 0 make them
+    <= 0 where used; the floor avoids subnormal results).
     """
-    xp = array_module(dtc)
-    lo = exp_floor(dtc.dtype)
-    cum = xp.cumsum(dtc * Ag[..., None], axis=-1)
-    e = xp.exp(xp.maximum(cum, lo))
-    w = xp.exp(xp.maximum(cum[..., -1:] - cum, lo))
-    if last_row:
-        return w[..., None, :], e, w
-    seg = xp.empty((*cum.shape, cum.shape[-1]), dtype=cum.dtype)
-    seg[...] = cum[..., :, None]  # a broadcast copy, then a subtraction in place: ~1.6x faster
-    seg -= cum[..., None, :]  # than one broadcast subtraction into a new array (NumPy, B = 32)
-    lam = xp.exp(xp.clip(seg, lo, 0.0, out=seg), out=seg)
-    return lam, e, w
+
+    def __init__(self, dtc: Array, Ag: Array) -> None:
+        self.xp = array_module(dtc)
+        self.lo = exp_floor(dtc.dtype)
+        self.cum = self.xp.cumsum(dtc * Ag[..., None], axis=-1)
+
+    @functools.cached_property
+    def e(self) -> Array:
+        return self.xp.exp(self.xp.maximum(self.cum, self.lo))
+
+    @functools.cached_property
+    def w(self) -> Array:
+        return self.xp.exp(self.xp.maximum(self.cum[..., -1:] - self.cum, self.lo))
+
+    def lam(self, *, last_row: bool) -> Array:
+        """Lam rows (.., R, Q). With ``last_row`` only the last row, R = 1: a view of ``w``, no
+        [Q, Q] array built. Otherwise R = Q, a new array, *not* masked: its entries above the
+        diagonal are 1 (exp of a clipped 0), and the callers apply the causal mask
+        (:func:`_causal`) to the [Q, Q] products that heads share, H/G times fewer entries."""
+        if last_row:
+            return self.w[..., None, :]
+        xp, cum = self.xp, self.cum
+        seg = xp.empty((*cum.shape, cum.shape[-1]), dtype=cum.dtype)
+        seg[...] = cum[..., :, None]  # a broadcast copy, then a subtraction in place: ~1.6x faster
+        seg -= cum[..., None, :]  # than one broadcast subtraction into a new array (NumPy, B = 32)
+        return xp.exp(xp.clip(seg, self.lo, 0.0, out=seg), out=seg)
 
 
 def _causal(m: Array) -> Array:
@@ -115,22 +128,23 @@ def ssd_chunked(
     for c, (t0, t1) in enumerate(spans):
         xc, dtc, Bc, Cc = xh[..., t0:t1, :], dth[..., t0:t1], Bg[..., t0:t1, :], Cg[..., t0:t1, :]
         last = c + 1 == len(spans)
-        lam, e, w = _decays(dtc, Ag, last_row=last_only)
+        decays = _Decays(dtc, Ag)
         U = dtc[..., None] * xc
         hin = states[c]
         if last or not last_only:
             rows = slice(-1, None) if last_only else slice(None)
             Cr = Cc[..., rows, :]
             CB = xp.matmul(Cr, _t(Bc))  # (Bt,G,1,R,Q): one per group, shared by its heads
+            lam = decays.lam(last_row=last_only)
             # Lam (a fresh [Q, Q] array unless last_only: then a view of w) is not needed afterwards
             M = CB * lam if last_only else xp.multiply(lam, _causal(CB), out=lam)
             y = xp.matmul(M, U)
             if hin is not None:
-                y = y + e[..., rows, None] * xp.matmul(Cr, _t(hin))
+                y = y + decays.e[..., rows, None] * xp.matmul(Cr, _t(hin))
             ys.append(y)
         if not last:
-            hout = xp.matmul(_t(U * w[..., None]), Bc)
-            states.append(hout if hin is None else hout + e[..., -1:, None] * hin)
+            hout = xp.matmul(_t(U * decays.w[..., None]), Bc)
+            states.append(hout if hin is None else hout + decays.e[..., -1:, None] * hin)
     y = xp.concatenate(ys, axis=3) if len(ys) > 1 else ys[0]
     return y.transpose(0, 3, 1, 2, 4).reshape(bt, y.shape[3], h, p), states
 
@@ -172,7 +186,7 @@ def ssd_chunked_backward(
         t0, t1 = spans[c]
         q = t1 - t0
         xc, dtc, Bc, Cc = xh[..., t0:t1, :], dth[..., t0:t1], Bg[..., t0:t1, :], Cg[..., t0:t1, :]
-        lam, e, w = _decays(dtc, Ag, last_row=last_only)
+        decays = _Decays(dtc, Ag)
         U = dtc[..., None] * xc
         hin = states[c]
         ghin: Array | None = None
@@ -183,6 +197,7 @@ def ssd_chunked_backward(
             gY = gyh if last_only else gyh[..., t0:t1, :]
             Cr = Cc[..., rows, :]
             CB = xp.matmul(Cr, _t(Bc))
+            lam = decays.lam(last_row=last_only)
             M = (CB if last_only else _causal(CB)) * lam  # (.., R, Q), causal
             gM = xp.matmul(gY, _t(U))  # its entries above the diagonal are masked where used
             gU = xp.matmul(_t(M), gY)
@@ -195,7 +210,7 @@ def ssd_chunked_backward(
             gCr = xp.matmul(gCB, Bc)
             gB = xp.matmul(_t(gCB), Cr)
             if hin is not None:
-                eg = e[..., rows, None] * gY
+                eg = decays.e[..., rows, None] * gY
                 gcum[..., rows] += (eg * xp.matmul(Cr, _t(hin))).sum(axis=-1)
                 gCr = gCr + xp.matmul(eg, hin).sum(axis=2, keepdims=True)
                 ghin = xp.matmul(_t(eg), Cr)
@@ -203,12 +218,14 @@ def ssd_chunked_backward(
         if ghout is not None:
             hout = states[c + 1]
             GB = xp.matmul(Bc, _t(ghout))  # (..,Q,P): gHout B_s per step
+            w = decays.w
             gU = gU + w[..., None] * GB
             gB = gB + xp.matmul(w[..., None] * U, ghout).sum(axis=2, keepdims=True)
             gcum = gcum - w * (U * GB).sum(axis=-1)
             gcum[..., -1] += (ghout * hout).sum(axis=(-1, -2))
             if hin is not None:
-                ghin = e[..., -1:, None] * ghout if ghin is None else ghin + e[..., -1:, None] * ghout
+                eh = decays.e[..., -1:, None] * ghout
+                ghin = eh if ghin is None else ghin + eh
         ghout = ghin
         ga = xp.flip(xp.cumsum(xp.flip(gcum, axis=-1), axis=-1), axis=-1)  # sum_{t >= r} gcum_t
         gxs.append(dtc[..., None] * gU)
