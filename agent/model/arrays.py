@@ -28,6 +28,8 @@ def _is_cupy(a: object) -> bool:
 
 def array_module(*arrays: object) -> ModuleType:
     """``cupy`` when any argument is a CuPy array, else ``numpy``."""
+    if all(type(a) is np.ndarray for a in arrays):  # the CPU path's common case, decided fast
+        return np
     if any(_is_cupy(a) for a in arrays):
         return sys.modules["cupy"]  # a CuPy array exists, so cupy is imported
     return np

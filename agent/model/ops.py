@@ -7,6 +7,8 @@ eps inside the square root.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from agent.model.arrays import Array, array_module
@@ -51,12 +53,14 @@ def sum_leading(a: Array) -> Array:
     return xp.ones(flat.shape[0], dtype=a.dtype) @ flat
 
 
+@functools.cache
 def exp_floor(dtype: object) -> float:
     """The smallest exponent whose exp is a normal number of ``dtype`` (about -87.3 for float32).
 
     Exponents are clipped here before ``exp``: results below it are under 1.2e-38 (float32)
     and would be subnormal, which x86 CPUs process many times slower (measured 10x on the
-    window decays), while their contribution is far below the dtype's resolution.
+    window decays), while their contribution is far below the dtype's resolution. Cached per
+    dtype (``np.finfo`` costs a few microseconds a call).
     """
     return float(np.log(np.finfo(dtype).tiny))  # type: ignore[call-overload]
 
