@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 import nats
+import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
@@ -35,9 +36,11 @@ from agent.control.client import ControlClient
 from agent.control.endpoints import control_endpoint, telemetry_endpoint
 from agent.control.errors import ControlRefused
 from agent.daemon.app import Daemon
+from agent.execution.venues import PaperVenue
 from agent.gpu.errors import InferenceError
 from feeds.dbn import read_mbp10, write_mbp10
-from feeds.sources import subject_for
+from feeds.features import BarFrame, IncrementalFeatures
+from feeds.sources import HealthEvent, HealthKind, QueuedSource, RecordBatch, SourceEvent, subject_for
 from storage import CheckpointStore, Journal, Ledger, open_database
 from storage.records import OrderRecord
 from tests.daemon.support import (
@@ -177,12 +180,12 @@ async def test_database_outage_halts_new_orders_and_loses_nothing(tmp_path: Path
         await wait_for(lambda: "database" not in daemon.halts.active, 30)
         await wait_for(lambda: daemon.counts["orders"] > orders, 30)
         await wait_for(lambda: not daemon.orders.open_orders() and not daemon._writes, 30)
-        counted, sent = daemon.counts["fills"], daemon.counts["orders"]
-    assert _count_fills(config) == counted
+    # Counted after the stop (trading goes on until then; the stop persists what is queued).
+    assert _count_fills(config) == daemon.counts["fills"]
     # Paper orders leave before their rows are committed: those sent while the database was
     # locked waited in the write queue, and every order sent is in the ledger.
     with contextlib.closing(sqlite3.connect(Path(config.data_dir) / "tradeagent.db")) as db:
-        assert db.execute("SELECT count(*) FROM orders").fetchone()[0] == sent
+        assert db.execute("SELECT count(*) FROM orders").fetchone()[0] == daemon.counts["orders"]
 
 
 async def test_promotion_swaps_between_decisions_and_bad_checkpoints_are_refused(tmp_path: Path) -> None:
@@ -363,3 +366,73 @@ async def test_orderly_stop_cancels_a_resting_order(tmp_path: Path) -> None:
     finally:
         database.close()
     assert (record.status, record.filled_qty) == ("cancelled", 0)
+
+
+class _Queued(QueuedSource):
+    """A source whose events are all queued before the daemon reads them (a backlog)."""
+
+    def __init__(self, events: list[SourceEvent]) -> None:
+        super().__init__("queued", max_batches=100_000, stale_after_s=60.0)
+        self._events = events
+
+    async def _start(self) -> None:
+        for event in self._events:
+            if isinstance(event, HealthEvent):
+                self._emit_health(event)
+            else:
+                self._emit_records(event.records)
+        self._finish()
+
+    async def _stop(self) -> None:
+        return None
+
+
+async def test_live_feed_in_coalesced_runs_closes_the_same_bars_with_health_events_in_place(
+    tmp_path: Path,
+) -> None:
+    feed = tmp_path / "synth"
+    synth_feed(feed)
+    records = read_mbp10(feed)[:3000]
+    source = 'kind = "nats"\nnats_url = "nats://127.0.0.1:1"\ndataset = "SYNTH"'
+    config = write_config(tmp_path / "daemon.toml", config_text(tmp_path / "data", source))
+    config = msgspec.structs.replace(
+        config, daemon=msgspec.structs.replace(config.daemon, decision_queue=100_000)
+    )
+    # NATS-sized batches of 1-3 records, with a gap reported after the 500th batch.
+    cuts = np.cumsum(np.resize([1, 2, 3], len(records)))
+    chunks = np.split(records, cuts[cuts < len(records)])
+    gap = HealthEvent(HealthKind.GAP, int(chunks[500]["ts_recv"][-1]), "test gap")
+    events: list[SourceEvent] = [RecordBatch(c, 0) for c in chunks[:501]]
+    events += [gap, *(RecordBatch(c, 0) for c in chunks[501:])]
+
+    daemon = Daemon(config)
+    daemon._venue = PaperVenue(config.broker, list(daemon.symbols), daemon._on_report)
+    pushes = 0
+    push = daemon.features.push_records
+
+    def counted(batch: np.ndarray) -> list[BarFrame]:
+        nonlocal pushes
+        pushes += 1
+        return push(batch)
+
+    daemon.features.push_records = counted  # type: ignore[method-assign]
+    queued = _Queued(events)
+    await queued.start()
+    await daemon._live_feed(queued)
+
+    # The same records pushed one batch at a time, the gap reported at the same place.
+    reference = IncrementalFeatures(config.feeds.instruments, config.feeds.bars, config.feeds.health)
+    expected: list[BarFrame] = []
+    for k, chunk in enumerate(chunks):
+        expected += reference.push_records(chunk)
+        if k == 500:
+            for builder in reference.by_id.values():
+                builder.report_gap(gap.at_ns)
+    got = [c.frame for c in daemon._closes]
+    assert pushes < len(chunks) // 10  # runs of many batches, not one push per batch
+    for iid in daemon.symbols:
+        mine = BarFrame.concat([f for f in got if f.instrument_id == iid])
+        theirs = BarFrame.concat([f for f in expected if f.instrument_id == iid])
+        assert len(theirs) > 5 and not theirs.tradable.all()  # the gap made a bar not tradable
+        for name in ("ts_close", "features", "close_index", "n_records", "tradable"):
+            np.testing.assert_array_equal(getattr(mine, name), getattr(theirs, name))
