@@ -3,7 +3,7 @@
 Both paths reduce a bar's records to the same *sufficient statistics*, all integers (per-level
 order-flow imbalance, signed and total traded volume, trade count, records, unhealthy records,
 the sum of squared mid steps in half-ticks) plus the book at the close, and turn them into
-features with one function over arrays of closed bars, :func:`_bar_frame`. The record rules are
+features with one function over arrays of closed bars, :func:`_bar_frames`. The record rules are
 shared the same way: :func:`feeds.health.fault_mask` and :func:`ofi_price_term` are written once
 over operands that are Python ints (one record) or int64 arrays (many).
 
@@ -12,7 +12,7 @@ over operands that are Python ints (one record) or int64 arrays (many).
   the groups); :class:`FeatureStream` and :func:`compute_file` do the same over records that
   arrive in chunks (a file read in bounded memory), holding the open bar's records back;
 * :class:`IncrementalBars` (live) unpacks each raw record once and updates the open bar's
-  statistics in plain Python; the bars that one call closes go through :func:`_bar_frame`
+  statistics in plain Python; the bars that one call closes go through :func:`_bar_frames`
   together.
 
 Integers are exact and the features come from the same array code on both paths, so they are
@@ -360,8 +360,8 @@ def _book_rows(bid: np.ndarray, ask: np.ndarray, bid_sizes: np.ndarray, ask_size
     return out
 
 
-def _bar_frame(
-    spec: InstrumentSpec,
+def _bar_frames(
+    parts: Sequence[tuple[InstrumentSpec, int]],
     *,
     close_ts: np.ndarray,
     close_ts_before: np.ndarray,
@@ -376,10 +376,11 @@ def _bar_frame(
     n_records: np.ndarray,
     close_index: np.ndarray,
     tradable: np.ndarray,
-) -> BarFrame:
+) -> list[BarFrame]:
     """The :class:`BarFrame` of ``n`` closed bars from their sufficient statistics: the one
     definition of every feature, used by both paths (the incremental path hands over the bars
-    that one batch of records closed).
+    that one batch of records closed, of every instrument at once). ``parts``: the instrument of
+    each run of rows and its number of rows, in row order; one frame per part.
 
     All inputs are int64 ``(n,)`` unless said otherwise. ``close_ts``/``close_ts_before``: this
     close and the previous one (UNIX ns; the first bar passes its own close); ``mid2``/
@@ -397,7 +398,8 @@ def _bar_frame(
     The features other than OFI are computed as rows of one float64 array (:data:`_SCALAR_NAMES`
     order) and cast into the float32 matrix in two block copies: with a batch of a few bars
     (the incremental path) NumPy's per-call cost is what counts."""
-    tick = tick_fixed(spec.tick_size)
+    ticks = [tick_fixed(spec.tick_size) for spec, _ in parts]
+    tick: Any = ticks[0] if len(parts) == 1 else np.repeat(ticks, [count for _, count in parts])
     n = close_ts.shape[0]
     bid, ask, qb, qa = book[:, 0], book[:, 1], book[:, 2], book[:, 3]
     rows = np.empty((len(_SCALAR_NAMES), n))
@@ -448,22 +450,32 @@ def _bar_frame(
     feats[:, _OFI_COL + LEVELS + 1 :] = rows[_OFI_COL:].T
     mid = bid + ask
     prices = np.divide(book[:, :2].T, PRICE_SCALE)  # bid, ask
-    return BarFrame(
-        instrument_id=spec.instrument_id,
-        symbol=spec.symbol,
-        ts_close=close_ts,
-        features=feats,
-        mid_ticks=mid / (2 * tick),
-        mid_price=mid / (2 * PRICE_SCALE),
-        spread_ticks=spread,
-        bid_price=prices[0],
-        ask_price=prices[1],
-        bid_size=qb.copy(),
-        ask_size=qa.copy(),
-        close_index=close_index,
-        n_records=n_records,
-        tradable=tradable,
-    )
+    mid_ticks, mid_price = mid / (2 * tick), mid / (2 * PRICE_SCALE)
+    bid_size, ask_size = qb.copy(), qa.copy()
+    frames = []
+    start = 0
+    for spec, count in parts:
+        part = slice(start, start + count)
+        start += count
+        frames.append(
+            BarFrame(
+                instrument_id=spec.instrument_id,
+                symbol=spec.symbol,
+                ts_close=close_ts[part],
+                features=feats[part],
+                mid_ticks=mid_ticks[part],
+                mid_price=mid_price[part],
+                spread_ticks=spread[part],
+                bid_price=prices[0, part],
+                ask_price=prices[1, part],
+                bid_size=bid_size[part],
+                ask_size=ask_size[part],
+                close_index=close_index[part],
+                n_records=n_records[part],
+                tradable=tradable[part],
+            )
+        )
+    return frames
 
 
 def _kernel(
@@ -581,8 +593,8 @@ def _kernel(
 
     close_index = np.where(has_rec, index_base[np.maximum(last, 0)], carry.last_index)
 
-    frame = _bar_frame(
-        spec,
+    (frame,) = _bar_frames(
+        [(spec, n_bars)],
         close_ts=close_ts,
         close_ts_before=prev_close_ts,
         mid2=close_mid2,
@@ -875,7 +887,7 @@ class IncrementalBars:
     once; :func:`ofi_price_term`); a bar that closes leaves its statistics (integers) and the
     sizes of its last record and of its book, and the bars closed by one call become one
     :class:`BarFrame` through the array functions the vectorised path uses (:func:`_book_rows`,
-    :func:`_bar_frame`; the telescoped size change of the order flow as one array difference),
+    :func:`_bar_frames`; the telescoped size change of the order flow as one array difference),
     so a batch of records pays NumPy's per-call costs once, not per bar. :meth:`poll` with the
     caller's clock (simulated in replay) closes due time bars and opens stale episodes;
     :meth:`report_gap` takes a transport gap (the open bar is not tradable). Record-check
@@ -954,7 +966,7 @@ class IncrementalBars:
         if f[_F_IID] != self.spec.instrument_id:
             raise UnknownInstrument(f"record of instrument {f[_F_IID]} pushed to {self.spec.symbol}")
         self._add(f, self._mask(f))
-        return self._take_closed()
+        return self._take_frame()
 
     def push_records(self, records: np.ndarray) -> list[BarFrame]:
         """:meth:`push` each record of ``records`` (this instrument only, arrival order); the bars
@@ -968,8 +980,7 @@ class IncrementalBars:
         if bad.any():
             self.push(contiguous[int(np.argmax(bad))].tobytes())  # raises the error push() gives
         self._add_records(contiguous)
-        frame = self._take_closed()
-        return [] if frame is None else [frame]
+        return _take_closed([self])
 
     def _add_records(self, records: np.ndarray) -> None:
         """:meth:`_add` each of ``records`` (contiguous, checked, this instrument's)."""
@@ -987,7 +998,12 @@ class IncrementalBars:
         closes = self._clock.on_clock(now_ns)
         if closes:
             self._close(closes, clock)
-        return self._take_closed()
+        return self._take_frame()
+
+    def _take_frame(self) -> BarFrame | None:
+        """The frame of the bars closed since the last call (``None`` when none)."""
+        frames = _take_closed([self])
+        return frames[0] if frames else None
 
     def report_gap(self, at_ns: int) -> None:
         """The transport lost records at ``at_ns``: the open bar is not tradable and a gap
@@ -1155,39 +1171,44 @@ class IncrementalBars:
                 self._gap = False
                 self._open_bar()
 
-    def _take_closed(self) -> BarFrame | None:
-        """The frame of the bars closed since the last call (``None`` when none)."""
-        if not self._closed:
-            return None
-        rows = np.array(self._closed, np.int64)
-        self._closed = []
-        # order-flow imbalance: the size change over the bar (telescoped) plus the corrections
-        net = rows[:, _P_END : _P_END + LEVELS] - rows[:, _P_END + LEVELS : _P_OFI]
-        net_before = np.empty_like(net)
-        net_before[0] = self._net_taken
-        net_before[1:] = net[:-1]
-        self._net_taken = net[-1]
-        ofi = net - net_before + rows[:, _P_OFI:]
-        healthy = rows[:, _P_BOOK:_P_END]
-        book = _book_rows(
-            healthy[:, 0], healthy[:, 1], healthy[:, 2 : 2 + LEVELS].T, healthy[:, 2 + LEVELS :].T
-        )
-        return _bar_frame(
-            self.spec,
-            close_ts=rows[:, _P_CLOSE].copy(),
-            close_ts_before=rows[:, _P_BEFORE],
-            mid2=rows[:, _P_MID2],
-            mid2_before=rows[:, _P_MID2_BEFORE],
-            book=book,
-            signed_volume=rows[:, _P_SIGNED],
-            volume=rows[:, _P_VOLUME],
-            trades=rows[:, _P_TRADES],
-            rv_half_ticks2=rows[:, _P_RV],
-            ofi=ofi,
-            n_records=rows[:, _P_N].copy(),
-            close_index=rows[:, _P_INDEX].copy(),
-            tradable=rows[:, _P_TRADABLE] != 0,
-        )
+
+def _take_closed(builders: Sequence[IncrementalBars]) -> list[BarFrame]:
+    """The frames of the bars that ``builders`` closed since they were last taken, one per
+    builder that closed any, computed together (NumPy's per-call costs paid once per batch)."""
+    closing = [b for b in builders if b._closed]
+    if not closing:
+        return []
+    rows = np.array([row for b in closing for row in b._closed], np.int64)
+    counts = [len(b._closed) for b in closing]
+    # order-flow imbalance: the size change over the bar (telescoped) plus the corrections
+    net = rows[:, _P_END : _P_END + LEVELS] - rows[:, _P_END + LEVELS : _P_OFI]
+    net_before = np.empty_like(net)
+    net_before[1:] = net[:-1]
+    start = 0
+    for builder, count in zip(closing, counts, strict=True):
+        net_before[start] = builder._net_taken  # each builder's first bar follows its own last one
+        start += count
+        builder._net_taken = net[start - 1]
+        builder._closed = []
+    ofi = net - net_before + rows[:, _P_OFI:]
+    healthy = rows[:, _P_BOOK:_P_END]
+    book = _book_rows(healthy[:, 0], healthy[:, 1], healthy[:, 2 : 2 + LEVELS].T, healthy[:, 2 + LEVELS :].T)
+    return _bar_frames(
+        [(b.spec, count) for b, count in zip(closing, counts, strict=True)],
+        close_ts=rows[:, _P_CLOSE].copy(),
+        close_ts_before=rows[:, _P_BEFORE],
+        mid2=rows[:, _P_MID2],
+        mid2_before=rows[:, _P_MID2_BEFORE],
+        book=book,
+        signed_volume=rows[:, _P_SIGNED],
+        volume=rows[:, _P_VOLUME],
+        trades=rows[:, _P_TRADES],
+        rv_half_ticks2=rows[:, _P_RV],
+        ofi=ofi,
+        n_records=rows[:, _P_N].copy(),
+        close_index=rows[:, _P_INDEX].copy(),
+        tradable=rows[:, _P_TRADABLE] != 0,
+    )
 
 
 class IncrementalFeatures:
@@ -1239,12 +1260,7 @@ class IncrementalFeatures:
                 builder._add_records(contiguous)
             elif mine.any():
                 builder._add_records(take_mbp10(contiguous, mine))
-        out = []
-        for builder in self.by_id.values():
-            frame = builder._take_closed()
-            if frame is not None:
-                out.append(frame)
-        return out
+        return _take_closed(list(self.by_id.values()))
 
     def poll(self, now_ns: int) -> list[BarFrame]:
         """:meth:`IncrementalBars.poll` for every instrument; the frames that closed."""
