@@ -340,7 +340,6 @@ BOOK_INTS: tuple[str, ...] = (
 )
 """What a bar keeps of the book at its close: best prices (fixed point), best sizes and the
 sizes summed over levels 1..k (contracts); all zero before the first healthy record."""
-_DEPTH_LEVELS = (1, 3, 5, 10)
 
 
 def _book_rows(bid: np.ndarray, ask: np.ndarray, bid_sizes: np.ndarray, ask_sizes: np.ndarray) -> np.ndarray:
