@@ -217,7 +217,7 @@ def _measure(args: argparse.Namespace, config: Config, backend: Backend, cfg: Mo
         out["decisions_per_s_b4096"] = _decisions_per_s(cfg, config, backend, 50 if cuda else 2)
         phase("training step")
         out["train_batch"] = args.train_batch
-        out["train_samples_per_s"] = _train_samples_per_s(cfg, backend, args.train_batch, 20 if cuda else 1)
+        out["train_samples_per_s"] = _train_samples_per_s(cfg, backend, args.train_batch, 20 if cuda else 3)
         phase("CPU reference")
         if cuda and not args.no_cpu_reference:
             cpu = select_backend("cpu")
