@@ -26,7 +26,10 @@ newest earlier file when a kill left the newest one empty,
 :attr:`feeds.dbn.DBNAppender.last_ts_recv`) and the records at the floor
 (:meth:`feeds.dbn.DBNAppender.records_at_last_ts`). A redelivered batch whose records all lie
 below the floor was written before (batches are written in order); a batch ending exactly at the
-floor is a duplicate when its records at the floor are already in the file (byte comparison).
+floor is a duplicate when its records at the floor are already in the file (byte comparison);
+a batch reaching past the floor whose records up to the floor stand in the last frame written
+(:meth:`feeds.dbn.DBNAppender.last_frame_records`) was cut by a kill at a day boundary: that part
+is a duplicate and the rest is new.
 Records of a new batch that fall below the floor can only come from a publisher that broke
 ``ts_recv`` order; they are counted (``out_of_order``) and skipped, never written out of order.
 Messages that are not DBN are counted and skipped by the source.
@@ -103,6 +106,16 @@ class _Group:
     last_seq: int | None
 
 
+def _holds(written: bytes, records: np.ndarray) -> bool:
+    """Whether ``records`` stand, whole and record-aligned, in ``written`` (record bytes)."""
+    raw = records.tobytes()
+    size = MBP10_DTYPE.itemsize
+    start = written.find(raw)
+    while start >= 0 and start % size:
+        start = written.find(raw, start + 1)
+    return start >= 0
+
+
 class Recorder:
     """Write the market-data stream into daily ``.dbn.zst`` files under ``out_dir`` (see the
     module docstring)."""
@@ -131,6 +144,9 @@ class Recorder:
         self._writer_day: int | None = None
         self._floor = -1
         self._floor_bytes = b""
+        self._tail = b""
+        """Bytes of the last records written: the last batch (or, after a restart, the archive's
+        last frame, which holds whole the last batch part made durable)."""
         self._group = _Group(None, 0, [], None)
         self._written_seq: int | None = None
 
@@ -189,6 +205,7 @@ class Recorder:
         if source.records_flushed:
             self._floor = source.last_ts_recv
             self._floor_bytes = source.records_at_last_ts().tobytes()
+            self._tail = source.last_frame_records().tobytes()
         log.info(
             "recorder: resuming after %s (%d records, floor %d from %s)",
             newest.path,
@@ -242,25 +259,26 @@ class Recorder:
 
     def _drop_written(self, records: np.ndarray) -> np.ndarray:
         ts = records["ts_recv"]
-        last = int(ts[-1])
         floor = self._floor
-        if last < floor or (last == floor and self._at_floor_written(records[ts == ts[-1]])):
+        if floor < 0:
+            return records
+        last = int(ts[-1])
+        if last < floor or (last == floor and _holds(self._floor_bytes, records[ts == ts[-1]])):
             self.counters.duplicate_records += len(records)
             return records[:0]
-        below = ts < np.uint64(max(floor, 0)) if floor >= 0 else np.zeros(len(records), dtype=bool)
+        # A batch reaching past the floor was written in part when a kill cut it at a day
+        # boundary (the finished day's file had its share, the new day's file lost the rest):
+        # that part is the end of the last frame found on restart.
+        written = int(np.searchsorted(ts, np.uint64(floor), side="right"))
+        if written and _holds(self._tail, records[:written]):
+            self.counters.duplicate_records += written
+            return records[written:]
+        below = ts < np.uint64(floor)
         if below.any():
             self.counters.out_of_order += int(below.sum())
             log.warning("recorder: %d records arrived below the written floor; skipped", int(below.sum()))
             records = records[~below]
         return records
-
-    def _at_floor_written(self, at_floor: np.ndarray) -> bool:
-        raw = at_floor.tobytes()
-        start = self._floor_bytes.find(raw)
-        size = MBP10_DTYPE.itemsize
-        while start >= 0 and start % size:
-            start = self._floor_bytes.find(raw, start + 1)
-        return start >= 0
 
     def _write(self, records: np.ndarray) -> None:
         ts = records["ts_recv"]
@@ -273,6 +291,7 @@ class Recorder:
         at_last = records[ts == ts[-1]].tobytes()
         self._floor_bytes = self._floor_bytes + at_last if last == self._floor else at_last
         self._floor = last
+        self._tail = records.tobytes()
 
     async def _flush(self) -> None:
         """Make appended records durable, then acknowledge the messages they came from."""

@@ -138,6 +138,7 @@ class DBNAppender:
         self._pending_records = 0
         self._last_ts = 0
         self._at_last_ts = b""  # bytes of the records whose ts_recv is _last_ts
+        self._last_frame = b""  # record bytes of the newest frame flushed or found
         self.records_flushed = 0
         """Records durably in the file (including those found when resuming)."""
 
@@ -157,6 +158,14 @@ class DBNAppender:
         :attr:`last_ts_recv`, in file order: what a writer resuming after a restart compares a
         redelivered batch with. A new array of :data:`MBP10_DTYPE`, empty when there is none."""
         return np.frombuffer(self._at_last_ts, dtype=MBP10_DTYPE).copy()
+
+    def last_frame_records(self) -> npt.NDArray[np.void]:
+        """The records of the newest write that reached the file: the last :meth:`flush`, or,
+        when resuming, the file's last complete zstd frame (a plain file: its last slice of at
+        most 1 MiB). Everything appended between two flushes is one frame, so a writer resuming
+        after a kill finds here whole the last run it had made durable. A new array of
+        :data:`MBP10_DTYPE`, empty when there is none."""
+        return np.frombuffer(self._last_frame, dtype=MBP10_DTYPE).copy()
 
     def _note_last(self, records: npt.NDArray[np.void]) -> None:
         """Track :attr:`last_ts_recv` and the records at it after ``records`` (non-empty,
@@ -220,6 +229,7 @@ class DBNAppender:
             return
         payload = b"".join(self._pending)
         self._write(self._fd, self._compressor.compress(payload) if self._zstd else payload)
+        self._last_frame = payload
         self.records_flushed += self._pending_records
         self._pending.clear()
         self._pending_records = 0
@@ -260,6 +270,7 @@ class DBNAppender:
         if len(records):
             self.records_flushed += len(records)
             self._note_last(records)
+            self._last_frame = payload
 
     def _scan(self, fd: int, size: int) -> int:
         """Take in the records of an existing file; return the end of its last complete frame

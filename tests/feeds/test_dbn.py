@@ -224,7 +224,7 @@ def test_appender_flushes_frames_and_resumes_after_a_torn_tail(
 
 
 @pytest.mark.parametrize("suffix", [".dbn", ".dbn.zst"])
-def test_appender_knows_its_last_ts_recv_and_the_records_at_it(
+def test_appender_knows_its_last_ts_recv_the_records_at_it_and_its_last_frame(
     tmp_path: Path, records: npt.NDArray[np.void], suffix: str
 ) -> None:
     path = tmp_path / f"rec{suffix}"
@@ -234,6 +234,7 @@ def test_appender_knows_its_last_ts_recv_and_the_records_at_it(
         assert out.last_ts_recv == 0 and len(out.records_at_last_ts()) == 0
         out.append(tied[:10])
         out.flush()
+        assert np.array_equal(out.last_frame_records(), tied[:10])
         out.append(tied[10:])
         assert out.last_ts_recv == int(tied["ts_recv"][-1])
         assert np.array_equal(out.records_at_last_ts(), tied[-4:])
@@ -241,6 +242,8 @@ def test_appender_knows_its_last_ts_recv_and_the_records_at_it(
         assert out.records_flushed == 12
         assert out.last_ts_recv == int(tied["ts_recv"][-1])
         assert np.array_equal(out.records_at_last_ts(), tied[-4:])
+        # zstd: the last frame (the second flush); plain: the one slice the file fits in
+        assert np.array_equal(out.last_frame_records(), tied[10:] if suffix == ".dbn.zst" else tied)
         out.append(records[12:14])
         assert out.last_ts_recv == int(records["ts_recv"][13])
 

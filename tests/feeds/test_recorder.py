@@ -30,6 +30,7 @@ STREAM = "MBP10"
 DURABLE = "recorder"
 WAIT_S = 60.0  # liveness bound for subprocess progress, never a speed assertion
 TRADEAGENT = [sys.executable, "-m", "agent.cli"]
+SOURCE_STARTED = "nats:jetstream:GLBX.MDP3: started"  # a recorder's source, once started
 
 
 def run_env(tmp_path: Path) -> dict[str, str]:
@@ -144,6 +145,9 @@ def test_recorder_killed_mid_stream_loses_nothing_and_resumes_without_duplicates
         recorder = start(record_args, env, log)
         messages = relayed["messages"]
         try:
+            # Started (its signal handlers in place): the first recorder may have acknowledged
+            # everything before the kill, and SIGTERM must not reach a process still importing.
+            wait_for("the restarted recorder to start", lambda: log.read_text().count(SOURCE_STARTED) == 2)
             wait_for("the restarted recorder to catch up", lambda: fully_acked(nats_server, messages))
         except AssertionError as exc:
             raise AssertionError(f"{exc}; recorder exit code {recorder.poll()}\n{log.read_text()}") from None

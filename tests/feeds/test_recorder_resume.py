@@ -24,9 +24,9 @@ def batches(records: np.ndarray, size: int, first_seq: int) -> list[RecordBatch]
     ]
 
 
-def test_redelivered_messages_of_a_completed_day_are_duplicates_when_the_new_day_file_is_empty(
-    tmp_path: Path,
-) -> None:
+def archive_left_by_a_kill_at_the_day_boundary(tmp_path: Path) -> tuple[np.ndarray, int, Path]:
+    """(the feed, index of its first record of the second day, the archive): the first day's
+    file holds the records before that index, the second day's file exists but is empty."""
     records = feed_records(500, next_day_from=0.5)
     first_day = day_start_ns(int(records["ts_recv"][0]), 0)
     split = int(np.searchsorted(records["ts_recv"], np.uint64(first_day + NS_PER_DAY)))
@@ -41,7 +41,22 @@ def test_redelivered_messages_of_a_completed_day_are_duplicates_when_the_new_day
             end_ns=day + NS_PER_DAY,
         ) as writer:
             writer.append(part)
+    return records, split, out
 
+
+def read_back(out: Path) -> np.ndarray:
+    written = []
+    for path in sorted(out.glob("*.dbn.zst")):
+        data = np.asarray(databento.DBNStore.from_bytes(path.read_bytes()).to_ndarray()).reshape(-1)
+        assert np.all(np.diff(data["ts_recv"].astype(np.int64)) >= 0), path.name
+        written.append(data)
+    return np.concatenate(written)
+
+
+def test_redelivered_messages_of_a_completed_day_are_duplicates_when_the_new_day_file_is_empty(
+    tmp_path: Path,
+) -> None:
+    records, split, out = archive_left_by_a_kill_at_the_day_boundary(tmp_path)
     recorder = Recorder(load_config(env={}).feeds, out)
     recorder._resume_floor()
     # Redelivery starts inside the completed day: its last five messages (whole publisher
@@ -53,9 +68,37 @@ def test_redelivered_messages_of_a_completed_day_are_duplicates_when_the_new_day
 
     assert recorder.counters.duplicate_records == 320
     assert recorder.counters.out_of_order == 0
-    written = []
-    for path in sorted(out.glob("*.dbn.zst")):
-        data = np.asarray(databento.DBNStore.from_bytes(path.read_bytes()).to_ndarray()).reshape(-1)
-        assert np.all(np.diff(data["ts_recv"].astype(np.int64)) >= 0), path.name
-        written.append(data)
-    assert sorted_by_key(np.concatenate(written)).tobytes() == sorted_by_key(records).tobytes()
+    assert sorted_by_key(read_back(out)).tobytes() == sorted_by_key(records).tobytes()
+
+
+def test_a_batch_cut_by_the_day_boundary_is_completed_once(tmp_path: Path) -> None:
+    """The kill came after the batch spanning midnight was appended to both files and the
+    finished day's file was closed (flushed), before the new day's file was flushed: its first
+    part is durable, the rest is not, and none of it was acknowledged."""
+    records, split, out = archive_left_by_a_kill_at_the_day_boundary(tmp_path)
+    recorder = Recorder(load_config(env={}).feeds, out)
+    recorder._resume_floor()
+    spanning = RecordBatch(records[split - 100 : split + 100], received_ns=0, transport_seq=1)
+    for batch in [spanning, *batches(records[split + 100 :], 64, first_seq=2)]:
+        recorder._take(batch)
+    recorder._close_writer(completed=True)
+
+    assert recorder.counters.duplicate_records == 100
+    assert recorder.counters.out_of_order == 0
+    assert sorted_by_key(read_back(out)).tobytes() == sorted_by_key(records).tobytes()
+
+
+def test_records_below_the_floor_that_were_never_written_are_out_of_order(tmp_path: Path) -> None:
+    """A publisher that breaks ts_recv order: records below the floor that are not in the
+    archive are counted and skipped, never written out of order."""
+    records, split, out = archive_left_by_a_kill_at_the_day_boundary(tmp_path)
+    recorder = Recorder(load_config(env={}).feeds, out)
+    recorder._resume_floor()
+    late = records[split - 10 : split + 10].copy()
+    late["ts_recv"][:10] -= np.uint64(1)  # not the bytes the archive holds
+    recorder._take(RecordBatch(late, received_ns=0, transport_seq=1))
+    recorder._close_writer(completed=True)
+
+    assert recorder.counters.out_of_order == 10
+    assert recorder.counters.duplicate_records == 0
+    assert len(read_back(out)) == split + 10
