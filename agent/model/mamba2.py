@@ -406,14 +406,17 @@ def block_backward(params: Params, prefix: str, cache: BlockCache, gout: Array) 
     )
     gpre = gxbc * silu_grad(cache.pre)
     grads[prefix + "conv_b"] = sum_leading(gpre)
-    xpad = xp.concatenate([xp.zeros((bt, width - 1, cd), dtype=gout.dtype), cache.xbc_raw], axis=1)
-    grads[prefix + "conv_w"] = xp.stack(
-        [sum_leading(gpre * xpad[:, k : k + length]) for k in range(width)], axis=1
-    )
-    gxpad = xp.zeros((bt, length + width - 1, cd), dtype=gout.dtype)
+    # The conv's taps on shifted slices, as in _causal_conv: tap k pairs output step t with
+    # input step t - (W - 1 - k); steps before the window (zero padding) contribute nothing.
+    gw = xp.zeros((cd, width), dtype=gout.dtype)
+    gxbc_raw = xp.zeros((bt, length, cd), dtype=gout.dtype)
     for k in range(width):
-        gxpad[:, k : k + length] += gpre * conv_w[:, k]
-    gzxbcdt = xp.concatenate([gz, gxpad[:, width - 1 :], gs], axis=-1)
+        n = length - (width - 1 - k)
+        if n > 0:
+            gw[:, k] = sum_leading(gpre[:, length - n :] * cache.xbc_raw[:, :n])
+            gxbc_raw[:, :n] += gpre[:, length - n :] * conv_w[:, k]
+    grads[prefix + "conv_w"] = gw
+    gzxbcdt = xp.concatenate([gz, gxbc_raw, gs], axis=-1)
     grads[prefix + "W_in"] = xp.matmul(gzxbcdt.reshape(-1, W_in.shape[0]).T, cache.u.reshape(-1, d))
     gu = linear(gzxbcdt, W_in.T)
     return grads, gu
