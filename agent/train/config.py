@@ -65,7 +65,8 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     """BLAS threads while training on the CPU (0 = the library's default). The trainer's matrices
     are small: one thread is several times faster than contended multi-threaded BLAS."""
     sharpe_bucket_s: float = 0.0
-    """P&L bucket for the annualised Sharpe: 0 = calendar days (use e.g. 300 for short archives)."""
+    """P&L bucket for the annualised Sharpe (seconds): 0 = chosen from the sample's span, daily
+    over 20 days or more, else intraday buckets giving 20+ returns (:mod:`agent.train.metrics`)."""
     # --- gates --------------------------------------------------------------------------------
     drift_ratio: float = 2.0
     """Q-drift halt: |q| > drift_ratio x |q_prev| ..."""

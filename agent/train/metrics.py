@@ -5,12 +5,19 @@ account currency, the cost part of it, contracts traded at the bar, the absolute
 over the bar, and the bar's close time (ns since the epoch, UTC).
 
 Annualisation follows the real sampling cadence: P&L is summed into buckets of ``bucket_s``
-seconds of the clock (``0`` = calendar days, UTC), and with ``D`` distinct trading days in the
-sample and ``B`` non-empty buckets, ``periods_per_year = 252 * B / D``; then
+seconds of the clock, and with ``D`` distinct trading days in the sample and ``B`` non-empty
+buckets, ``periods_per_year = 252 * B / D``; then
 ``sharpe = mean(r) / std(r, ddof=1) * sqrt(periods_per_year)``. Daily buckets give the textbook
 ``sqrt(252)``; intraday buckets (short test windows) scale by the number of buckets a trading
 day really holds, so an event clock or a shortened session annualises correctly too.
 Square-root scaling assumes uncorrelated bucket returns.
+
+``bucket_s = 0`` chooses the bucket from the sample's timestamps alone (so a candidate, the
+incumbent and the baselines on the same bars get the same one): calendar days (UTC) when the
+sample spans at least :data:`MIN_BUCKETS` days, else the longest of :data:`INTRADAY_BUCKETS_S`
+that gives at least :data:`MIN_BUCKETS` non-empty buckets (the shortest if none does). A walk-
+forward test block of a few hours then gets a Sharpe from dozens of returns, not an undefined
+one from a single day.
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ from typing import Any
 import msgspec
 import numpy as np
 
-__all__ = ["NS_PER_DAY", "Performance", "bucket_sums", "performance"]
+__all__ = ["NS_PER_DAY", "Performance", "bucket_sums", "choose_bucket_s", "performance"]
 
 NS_PER_DAY = 86_400_000_000_000
 TRADING_DAYS_PER_YEAR = 252
+MIN_BUCKETS = 20
+"""Returns an automatically chosen bucket must give at least (when the sample allows)."""
+INTRADAY_BUCKETS_S = (14_400.0, 3_600.0, 1_800.0, 900.0, 300.0, 60.0, 10.0, 1.0)
 
 
 class Performance(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,6 +56,8 @@ class Performance(msgspec.Struct, frozen=True, kw_only=True):
     """Share of bars holding a position whose net P&L is positive (0 when never in a position)."""
     n_bars: int
     n_days: int
+    bucket_s: float
+    """The P&L bucket the Sharpe and Sortino were computed on (seconds; 86,400 = daily)."""
     periods_per_year: float
 
 
@@ -56,6 +68,18 @@ def bucket_sums(values: Any, ts_ns: Any, bucket_ns: int) -> np.ndarray[Any, np.d
     _, inverse = np.unique(keys, return_inverse=True)
     sums = np.bincount(inverse.ravel(), weights=np.asarray(values, dtype=np.float64))
     return sums.astype(np.float64)
+
+
+def choose_bucket_s(ts_ns: Any) -> float:
+    """The bucket (seconds) ``bucket_s = 0`` stands for, from the timestamps alone (see the
+    module docstring)."""
+    ts = np.asarray(ts_ns, dtype=np.int64)
+    if ts.size == 0 or np.unique(ts // NS_PER_DAY).size >= MIN_BUCKETS:
+        return NS_PER_DAY / 1e9
+    for bucket_s in INTRADAY_BUCKETS_S:
+        if np.unique(ts // round(bucket_s * 1e9)).size >= MIN_BUCKETS:
+            return bucket_s
+    return INTRADAY_BUCKETS_S[-1]
 
 
 def _annualised(mean: float, dev: float, periods_per_year: float) -> float:
@@ -81,10 +105,12 @@ def performance(
             hit_rate=0.0,
             n_bars=0,
             n_days=0,
+            bucket_s=NS_PER_DAY / 1e9,
             periods_per_year=float(TRADING_DAYS_PER_YEAR),
         )
     order = np.argsort(ts, kind="stable")
-    bucket_ns = NS_PER_DAY if bucket_s <= 0 else max(1, round(bucket_s * 1e9))
+    bucket_s = bucket_s if bucket_s > 0 else choose_bucket_s(ts)
+    bucket_ns = max(1, round(bucket_s * 1e9))
     buckets = bucket_sums(pnl, ts, bucket_ns)
     n_days = int(np.unique(ts // NS_PER_DAY).size)
     periods = TRADING_DAYS_PER_YEAR * buckets.size / n_days
@@ -109,5 +135,6 @@ def performance(
         hit_rate=hit,
         n_bars=int(pnl.size),
         n_days=n_days,
+        bucket_s=bucket_s,
         periods_per_year=float(periods),
     )

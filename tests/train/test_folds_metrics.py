@@ -10,7 +10,7 @@ import pytest
 
 from agent.train.errors import TrainError
 from agent.train.folds import plan_folds, walk_forward_folds
-from agent.train.metrics import NS_PER_DAY, bucket_sums, performance
+from agent.train.metrics import NS_PER_DAY, bucket_sums, choose_bucket_s, performance
 
 
 def test_rolling_folds_tile_the_test_period_with_a_gap() -> None:
@@ -44,17 +44,42 @@ def test_bucket_sums_and_daily_sharpe() -> None:
     ts = np.array([d * NS_PER_DAY + h * 3_600_000_000_000 for d in range(4) for h in range(3)])
     pnl = np.repeat(day_pnl, 3)
     np.testing.assert_allclose(bucket_sums(pnl, ts, NS_PER_DAY), [3, 6, -3, 6])
-    perf = performance(pnl, np.zeros(12), np.ones(12), np.ones(12), ts)
+    perf = performance(pnl, np.zeros(12), np.ones(12), np.ones(12), ts, bucket_s=86_400)
     daily = np.array([3.0, 6.0, -3.0, 6.0])
     assert perf.sharpe == pytest.approx(daily.mean() / daily.std(ddof=1) * math.sqrt(252))
     assert perf.sortino == pytest.approx(daily.mean() / math.sqrt(9 / 4) * math.sqrt(252))
     assert perf.periods_per_year == 252 and perf.n_days == 4 and perf.turnover == 3.0
+    assert perf.bucket_s == 86_400
     assert perf.max_drawdown == pytest.approx(3.0) and perf.pnl == pytest.approx(12.0)
     assert perf.hit_rate == pytest.approx(9 / 12)
     # Hourly buckets: 3 per day -> 756 periods a year.
     hourly = performance(pnl, np.zeros(12), np.zeros(12), np.ones(12), ts, bucket_s=3600)
     assert hourly.periods_per_year == 756
     assert hourly.sharpe == pytest.approx(pnl.mean() / pnl.std(ddof=1) * math.sqrt(756))
+
+
+def test_automatic_bucket_is_daily_over_twenty_days_else_intraday_with_twenty_returns() -> None:
+    rng = np.random.default_rng(0)
+    # 25 days, 8 hourly bars a day: daily buckets.
+    ts = np.array([d * NS_PER_DAY + h * 3_600_000_000_000 for d in range(25) for h in range(8)])
+    pnl = rng.normal(size=ts.size)
+    assert choose_bucket_s(ts) == 86_400
+    zeros, ones = np.zeros(ts.size), np.ones(ts.size)
+    daily = performance(pnl, zeros, zeros, ones, ts, bucket_s=86_400)
+    assert performance(pnl, zeros, zeros, ones, ts) == daily
+    # One 3-hour test block of 1-second bars: 4-hour and hourly buckets give 1-3 returns, 30
+    # minutes 6, 15 minutes 12, 5 minutes 36 (the first with 20 or more).
+    ts = 7 * NS_PER_DAY + np.arange(3 * 3600) * 1_000_000_000
+    pnl = rng.normal(size=ts.size)
+    assert choose_bucket_s(ts) == 300
+    auto = performance(pnl, np.zeros(ts.size), np.zeros(ts.size), np.ones(ts.size), ts)
+    five = bucket_sums(pnl, ts, 300 * 1_000_000_000)
+    assert auto.bucket_s == 300 and auto.periods_per_year == 252 * 36
+    assert auto.sharpe == pytest.approx(five.mean() / five.std(ddof=1) * math.sqrt(252 * 36))
+    # The choice depends on the timestamps only: any P&L on the same bars gets the same bucket.
+    assert performance(np.zeros(ts.size), pnl, pnl, pnl, ts).bucket_s == 300
+    # Too few bars for 20 returns at any bucket: the shortest.
+    assert choose_bucket_s(np.arange(5) * 1_000_000_000) == 1.0
 
 
 def test_flat_and_empty_records_have_zero_sharpe() -> None:
