@@ -126,7 +126,7 @@ class NatsSource(QueuedSource):
                     pending_bytes_limit=CORE_PENDING_BYTES,
                 )
                 self._core_subs.append(sub)
-            await client.flush()
+            await self._session.confirm_commands()
         else:
             await self._session.ensure_stream(self.stream, self._stream_max_age_s)
             await self._bind_consumer()
