@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -132,8 +133,8 @@ def test_paper_session_over_nats_trades_fills_and_records(
         _relay_done(relay, config_path)
         daemon.wait_until(lambda s: s["counts"].get("fills", 0) > 0)
         # Wait for the whole feed and a quiet ledger (no order in flight).
-        total = _wait_records(daemon)
-        status = daemon.wait_until(lambda s: s["open_orders"] == 0)
+        status = _settled(daemon)
+        total = int(status["feed"]["records"])
         assert status["counts"]["orders"] > 10 and status["counts"]["fills"] > 10, repr(status)
         assert status["counts"].get("dropped_decisions", 0) == 0
         code = daemon.terminate()
@@ -149,15 +150,24 @@ def test_paper_session_over_nats_trades_fills_and_records(
     assert total > 1000
 
 
-def _wait_records(daemon: DaemonProcess, settle_s: float = 1.0) -> int:
-    """Wait until the daemon's record count stops moving; return it."""
-    last, since = -1, time.monotonic()
+def _settled(daemon: DaemonProcess, settle_s: float = 1.0) -> dict[str, Any]:
+    """The daemon's status once the feed is consumed and trading has settled: no order open
+    and records, decisions, orders and fills unchanged for ``settle_s`` (the last bar closes'
+    decisions and their fills land after the last record is read)."""
+
+    def moving(status: dict[str, Any]) -> tuple[Any, ...]:
+        counts = status["counts"]
+        return (status["feed"]["records"], counts.get("decisions"), counts.get("orders"), counts.get("fills"))
+
+    last: tuple[Any, ...] = ()
+    since = time.monotonic()
     while True:
-        n = int(daemon.status()["feed"]["records"])
-        if n != last:
-            last, since = n, time.monotonic()
+        status = daemon.status()
+        now = moving(status)
+        if now != last or status["open_orders"]:
+            last, since = now, time.monotonic()
         elif time.monotonic() - since > settle_s:
-            return n
+            return status
         time.sleep(0.1)
 
 
@@ -178,8 +188,7 @@ def test_nats_restart_mid_session_reconnects_records_the_gap_and_trades_on(
         before = daemon.status()["counts"]["fills"]
         daemon.wait_until(lambda s: s["counts"]["fills"] > before, timeout=30)
         _relay_done(relay, config_path)
-        _wait_records(daemon)
-        status = daemon.wait_until(lambda s: s["open_orders"] == 0)
+        status = _settled(daemon)
         assert daemon.terminate() == 0, daemon.log_tail()
     finally:
         daemon.close()
@@ -216,8 +225,7 @@ def test_sigkill_then_restart_rebuilds_positions_and_orders_from_the_ledger(
         # It trades on from the durable consumer; the ledger stays consistent.
         restarted.wait_until(lambda s: s["counts"].get("fills", 0) >= 1, timeout=30)
         _relay_done(relay, config_path)
-        _wait_records(restarted)
-        final = restarted.wait_until(lambda s: s["open_orders"] == 0)
+        final = _settled(restarted)
         assert restarted.terminate() == 0, restarted.log_tail()
     finally:
         daemon.close()
