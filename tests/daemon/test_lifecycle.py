@@ -33,7 +33,7 @@ from tests.daemon.support import (
     synth_feed,
     write_config,
 )
-from tests.daemon.test_session import _ledger_state, _relay, _relay_done, _stop, _symbols, _wait_records
+from tests.daemon.test_session import _ledger_state, _relay, _relay_done, _settled, _stop, _symbols
 from tests.support.nats_server import NatsServer
 
 pytestmark = pytest.mark.slow
@@ -146,8 +146,7 @@ def test_live_path_through_the_reference_gateway_with_postgresql(
         relay = _relay(config_path, feed, pace=40.0)
         daemon.wait_until(lambda s: s["counts"].get("fills", 0) >= 5, timeout=60)
         _relay_done(relay, config_path)
-        _wait_records(daemon)
-        status = daemon.wait_until(lambda s: s["open_orders"] == 0)
+        status = _settled(daemon)
         assert daemon.terminate() == 0, daemon.log_tail()
     finally:
         daemon.close()
