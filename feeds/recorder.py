@@ -156,13 +156,20 @@ class Recorder:
         if self._writer_day == day and self._writer is not None:
             return self._writer
         self._close_writer(completed=True)
-        path = archive_path(self.out_dir, self.dataset, day)
-        writer = DBNAppender(
-            path, dataset=self.dataset, symbols=self.symbols, start_ns=day, end_ns=day + NS_PER_DAY
-        ).open()
+        writer = self._appender(day).open()
         self._writer, self._writer_day = writer, day
-        log.info("recorder: writing %s", path)
+        log.info("recorder: writing %s", writer.path)
         return writer
+
+    def _appender(self, day: int) -> DBNAppender:
+        """The (unopened) appender of the archive file of the day starting at ``day``."""
+        return DBNAppender(
+            archive_path(self.out_dir, self.dataset, day),
+            dataset=self.dataset,
+            symbols=self.symbols,
+            start_ns=day,
+            end_ns=day + NS_PER_DAY,
+        )
 
     def _flush_writer(self) -> None:
         writer = self._writer
@@ -194,14 +201,8 @@ class Recorder:
         for path in reversed(files[:-1]):
             if source.records_flushed:
                 break
-            source = DBNAppender(
-                path,
-                dataset=self.dataset,
-                symbols=self.symbols,
-                start_ns=(day := self._file_day(path, prefix)),
-                end_ns=day + NS_PER_DAY,
-            )
-            source.open().close()
+            source = self._appender(self._file_day(path, prefix))
+            source.open().close()  # opening scans it: its floor and last frame
         if source.records_flushed:
             self._floor = source.last_ts_recv
             self._floor_bytes = source.records_at_last_ts().tobytes()

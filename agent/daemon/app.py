@@ -47,7 +47,7 @@ import socket
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import zmq.asyncio
@@ -801,11 +801,7 @@ class Daemon:
         assert sql is not None
         head = self._writes[0]
         if isinstance(head, _OrderRows):
-            entries: list[_OrderRows] = []
-            for entry in self._writes:
-                if not isinstance(entry, _OrderRows):
-                    break
-                entries.append(entry)
+            entries = _leading(self._writes, _OrderRows)
             rows = [row for e in entries for row in e.rows]
             try:
                 await sql.call(sql.ledger.record_orders, rows)
@@ -820,11 +816,7 @@ class Daemon:
                 self.ledger_ns.append(done - e.queued_ns)
             return
         if isinstance(head, Fill):
-            fills: list[Fill] = []
-            for report in self._writes:
-                if not isinstance(report, Fill):
-                    break
-                fills.append(report)
+            fills = _leading(self._writes, Fill)
             result = await sql.call(sql.ledger.record_fills, ledger_fills(fills))
             for _ in fills:
                 self._writes.popleft()
@@ -1157,6 +1149,20 @@ class Daemon:
             "retrain_running": bool(self._scheduler and self._scheduler.busy),
             "recovered": self.recovered,
         }
+
+
+_E = TypeVar("_E", Fill, _OrderRows)
+
+
+def _leading(queue: collections.deque[Report | _OrderRows], kind: type[_E]) -> list[_E]:
+    """The entries of type ``kind`` at the head of ``queue``, up to the first of another type
+    (persisted together, in one transaction)."""
+    run: list[_E] = []
+    for entry in queue:
+        if not isinstance(entry, kind):
+            break
+        run.append(entry)
+    return run
 
 
 async def _intake(source: Source, inbox: collections.deque[SourceEvent], ready: asyncio.Event) -> None:

@@ -7,6 +7,7 @@ Thompson and Kelly are the very ``*_ref`` functions the kernels are tested again
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from typing import cast
 
@@ -61,6 +62,7 @@ _M_MMAP_THRESHOLD = -3
 """glibc ``mallopt`` parameters (malloc.h)."""
 
 
+@functools.cache
 def _keep_freed_heap() -> None:
     """Let glibc keep up to 16 MiB of freed heap for reuse instead of returning it at once.
 
@@ -70,8 +72,8 @@ def _keep_freed_heap() -> None:
     every page back in, which costs ~30% of the forward at 32+ rows (measured 230 -> 140 us a
     row on the 2-core machine; no change at one row; 4 MiB is not enough, 16 MiB is). Blocks
     up to 32 MiB (glibc's dynamic ceiling) come from the heap, as in a process that has freed
-    large arrays. Process-wide, at most 16 MiB more resident memory; nothing happens without
-    glibc."""
+    large arrays. Process-wide, so set once per process; at most 16 MiB more resident memory;
+    nothing happens without glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
@@ -82,13 +84,12 @@ def _keep_freed_heap() -> None:
 
 def _forward_rows(model: _CpuModel, x: F32) -> tuple[F32, F32]:
     """The model's forward on windows x (B, K, F), in slices of :data:`ROWS_PER_FORWARD`."""
-    if x.shape[0] <= ROWS_PER_FORWARD:
-        q_logits, ret_logits, _ = forward(model.params, model.config, x)
-        return q_logits, ret_logits
     parts = [
         forward(model.params, model.config, x[i : i + ROWS_PER_FORWARD])[:2]
         for i in range(0, x.shape[0], ROWS_PER_FORWARD)
     ]
+    if len(parts) == 1:
+        return parts[0]
     return np.concatenate([q for q, _ in parts]), np.concatenate([r for _, r in parts])
 
 
