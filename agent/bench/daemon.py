@@ -3,10 +3,11 @@
 Set-up (everything real, in a temporary directory): a private ``nats-server``; a synthetic
 MBP-10 feed of ``--instruments`` instruments (default 10) at about ``--rate`` records/s in
 total (default 10,000), cut to ``--seconds`` of market time; ``tradeagent relay`` publishes it
-at real-time pace as a subprocess; the daemon runs in this process on the CPU with the paper
-broker, the embedded SQLite ledger, the configured model shape (a freshly initialised network
-whose return head is tilted so that it trades) and ``--bar`` second time bars (default 0.25 s,
-so that the K-bar windows fill and many decisions are measured in a short run).
+at real-time pace as a subprocess; the daemon runs in this process (on ``--device``, default the
+CPU) with the paper broker, the embedded SQLite ledger, the configured model shape (a freshly
+initialised network whose return head is tilted so that it trades) and ``--bar`` second time
+bars (default 0.25 s, so that the K-bar windows fill and many decisions are measured in a short
+run).
 
 Keys:
 
@@ -64,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=10_000.0, help="total records/s (default 10,000)")
     parser.add_argument("--seconds", type=float, default=30.0, help="market seconds to replay (default 30)")
     parser.add_argument("--bar", type=float, default=0.25, help="bar interval in seconds (default 0.25)")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="cpu", help="inference device (default cpu)"
+    )
 
 
 def trading_checkpoint(model: ModelConfig, *, seed: int = 0, edge: float = 3.0) -> tuple[bytes, str]:
@@ -122,7 +126,7 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
         except NatsServerUnavailable as exc:
             raise AgentError(f"bench daemon needs nats-server: {exc}") from None
         try:
-            bench_config = _bench_config(config, root, specs, nats.url, args.bar)
+            bench_config = _bench_config(config, root, specs, nats.url, args.bar, device=args.device)
             blob, fingerprint = trading_checkpoint(bench_config.model)
             _install(bench_config, blob, fingerprint)
             return asyncio.run(_measure(bench_config, root, feed, total))
@@ -131,7 +135,7 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
 
 
 def _bench_config(
-    config: Config, root: Path, specs: tuple[InstrumentSpec, ...], url: str, bar_s: float
+    config: Config, root: Path, specs: tuple[InstrumentSpec, ...], url: str, bar_s: float, *, device: str
 ) -> Config:
     feeds = msgspec.structs.replace(
         config.feeds,
@@ -144,7 +148,7 @@ def _bench_config(
     return msgspec.structs.replace(
         config,
         data_dir=str(root / "data"),
-        device="cpu",
+        device=device,
         feeds=feeds,
         storage=msgspec.structs.replace(config.storage, url=""),
         control=msgspec.structs.replace(config.control, endpoint="", telemetry_endpoint="", metrics_port=0),
@@ -213,6 +217,8 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
     decide = np.array(daemon.decide_ns, dtype=np.float64) / 1e6
     ledger = np.array(daemon.ledger_ns, dtype=np.float64) / 1e6
     counts = dict(daemon.counts)
+    engine = daemon._models.engine if daemon._models is not None else None
+    device = engine.backend.description if engine is not None else config.device
     daemon.request_stop()
     await task
     if relay.returncode != 0:
@@ -232,7 +238,7 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
         "bars_dropped": counts.get("dropped_decisions", 0) + counts.get("stale_decisions", 0),
         "instruments": len(config.feeds.instruments),
         "seconds": round(elapsed, 2),
-        "device": "cpu",
+        "device": device,
     }
 
 
