@@ -118,6 +118,9 @@ class ModelHost:
         log.warning("inference fell back to the CPU (daemon.cpu_fallback = true); windows restart empty")
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            try:
+                engine.close()
+            except GpuError as exc:  # a failed device must not stop the shutdown
+                log.warning("closing the inference engine: %s", exc)

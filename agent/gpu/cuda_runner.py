@@ -291,5 +291,5 @@ class CudaRunner:
 
     def release(self) -> None:
         if self._open:
+            self._open = False  # closed even when the synchronisation below fails
             self.stream.synchronize()
-            self._open = False

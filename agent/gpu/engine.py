@@ -36,7 +36,7 @@ import numpy.typing as npt
 from agent.gpu.backend import Backend
 from agent.gpu.cpu_runner import CpuRunner
 from agent.gpu.cuda_runner import CudaRunner
-from agent.gpu.errors import InferenceError, ModelLoadError
+from agent.gpu.errors import GpuError, InferenceError, ModelLoadError
 from agent.gpu.runner import Batch, Runner
 from agent.model.checkpoint import Checkpoint
 from agent.model.heads import ACTIONS
@@ -265,9 +265,17 @@ class InferenceEngine:
         return Batch(s32, f, pos, regime, push, tradable, self._steps[s32])
 
     def close(self) -> None:
-        """Free device resources; the engine cannot decide afterwards."""
+        """Free device resources; the engine cannot decide afterwards (also when this raises).
+
+        Raises:
+            GpuError: the device failed while the engine was released (after a sticky CUDA
+                error, such as an illegal address, every later call on the context fails).
+        """
         with self._lock:
-            self._runner.release()
+            try:
+                self._runner.release()
+            except Exception as exc:
+                raise GpuError(f"releasing the inference engine failed: {exc}") from exc
 
 
 def _make_runner(
