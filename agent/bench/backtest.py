@@ -13,7 +13,8 @@ weights) served on the configured device, with the configured policy, bars and b
     the vectorised driver (:mod:`agent.backtest.fast`): read and decode the file, vectorised
     features, regime path and ``--chunks`` spans per instrument decided in lockstep.
 ``peak_rss_mb``
-    the process's peak resident memory after both runs (MiB).
+    the process's peak resident memory while the two drivers ran (MiB; Linux resets the peak
+    after the benchmark file is prepared, elsewhere the whole process's peak).
 
 Also reported: ``records``, ``bars``, ``event_records`` (the event driver may be timed on the
 first ``--event-records`` records only, a rate being a rate) and the decisions each made.
@@ -43,7 +44,8 @@ from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint
 from agent.model.params import init_params
 from agent.policy.regime import RegimeTracker
 from agent.train.env import AGENT_FEATURES
-from feeds.dbn import read_mbp10, write_mbp10
+from feeds.dbn import iter_mbp10, write_mbp10
+from feeds.dbn.framing import concat_mbp10
 from feeds.features import FEATURE_NAMES
 from feeds.sources import config_symbols
 from storage.config import StorageConfig
@@ -133,25 +135,16 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
     checkpoint = _checkpoint(config)
     with Progress(console=console, transient=True) as progress:
         path = feed_file(config, args.records, args.seed, progress)
-        task = progress.add_task("vectorised driver", total=None)
-        fast_rate, bars, fast_decisions = _fast(path, config, checkpoint, max(1, args.chunks))
-        event_path = path
         with tempfile.TemporaryDirectory(prefix="tradeagent-bench-") as tmp:
+            event_path = path
             if args.event_records and args.event_records < args.records:
-                data = read_mbp10(path)[: args.event_records]
-                event_path = Path(tmp) / "prefix.dbn"
-                ts = data["ts_recv"]
-                write_mbp10(
-                    event_path,
-                    data,
-                    dataset=config.synth.dataset,
-                    symbols=config_symbols(config.feeds),
-                    start_ns=int(ts[0]),
-                    end_ns=int(ts[-1]) + 1,
-                )
-                del data
+                event_path = _prefix(path, Path(tmp) / "prefix.dbn", args.event_records, config)
+            reset = _reset_peak_rss()  # the drivers' peak, not the file preparation's
+            task = progress.add_task("vectorised driver", total=None)
+            fast_rate, bars, fast_decisions = _fast(path, config, checkpoint, max(1, args.chunks))
             progress.update(task, description="event-driven driver")
             event_rate, event_records, event_decisions = _event(event_path, config, checkpoint)
+            peak_mb = _peak_rss_mb(reset)
     return {
         "records": args.records,
         "bars": bars,
@@ -160,5 +153,44 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
         "event_decisions": event_decisions,
         "fast_records_per_s": fast_rate,
         "fast_decisions": fast_decisions,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "peak_rss_mb": peak_mb,
     }
+
+
+def _prefix(path: Path, out: Path, records: int, config: Config) -> Path:
+    """The first ``records`` records of ``path`` as a plain DBN file (read in chunks)."""
+    parts, have = [], 0
+    for chunk in iter_mbp10(path, chunk_records=1 << 16):
+        parts.append(chunk[: records - have].copy())
+        have += len(parts[-1])
+        if have >= records:
+            break
+    data = concat_mbp10(parts)
+    ts = data["ts_recv"]
+    return write_mbp10(
+        out,
+        data,
+        dataset=config.synth.dataset,
+        symbols=config_symbols(config.feeds),
+        start_ns=int(ts[0]),
+        end_ns=int(ts[-1]) + 1,
+    )
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak resident set (Linux: ``/proc/self/clear_refs``); False where
+    that is not possible (the peak then counts the whole process)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _peak_rss_mb(reset: bool) -> float:
+    """Peak resident memory in MiB since :func:`_reset_peak_rss` (``VmHWM``), else the process's."""
+    if reset:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
