@@ -304,21 +304,21 @@ def _split_xbc(xbc: Array, di: int, g: int, n: int, heads: int) -> tuple[Array, 
 def _causal_conv(xbc_raw: Array, conv_w: Array, conv_b: Array) -> Array:
     """Causal depthwise convolution over time from zero padding, (Bt,L,Cd) -> (Bt,L,Cd):
     ``pre[t] = conv_b + sum_k conv_w[:, k] xbc_raw[t - (W - 1) + k]``, terms before the window
-    being 0. Accumulated in place, k = 0 .. W-1, on shifted slices (no padded copy; the oldest
-    tap is written straight into the result, the others through one scratch array)."""
+    being 0. One copy into a zero-padded (Bt, W-1+L, Cd) array, then one einsum over its
+    (Bt, L, W, Cd) sliding-window view: a fused multiply-add per tap, k = 0 .. W-1, with no
+    temporaries (2-3x faster than a multiply and an add per tap on shifted slices, NumPy)."""
     xp = array_module(xbc_raw)
     bt, length, cd = xbc_raw.shape
     width = conv_w.shape[1]
-    k0 = max(0, width - length)  # taps before k0 fall wholly before the window
-    n = length - (width - 1 - k0)  # steps whose tap k0 falls inside it
-    pre = xp.empty((bt, length, cd), dtype=xbc_raw.dtype)
-    pre[:, : length - n] = 0.0
-    xp.multiply(xbc_raw[:, :n], conv_w[:, k0], out=pre[:, length - n :])
-    term = xp.empty_like(pre)
-    for k in range(k0 + 1, width):
-        n = length - (width - 1 - k)
-        xp.multiply(xbc_raw[:, :n], conv_w[:, k], out=term[:, :n])
-        pre[:, length - n :] += term[:, :n]
+    padded = xp.empty((bt, width - 1 + length, cd), dtype=xbc_raw.dtype)
+    padded[:, : width - 1] = 0.0
+    padded[:, width - 1 :] = xbc_raw
+    s_b, s_t, s_c = padded.strides
+    taps = xp.lib.stride_tricks.as_strided(padded, (bt, length, width, cd), (s_b, s_t, s_t, s_c))
+    # taps (W, Cd) row-major, as the CPU runner stores conv_w (column-major): the einsum's inner
+    # loop then runs over contiguous channels in both operands (a row-major conv_w, as in
+    # training, is copied: 2.5x faster than its strided columns)
+    pre = xp.einsum("btkc,kc->btc", taps, xp.ascontiguousarray(conv_w.T))
     pre += conv_b
     return pre
 
