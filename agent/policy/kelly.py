@@ -57,32 +57,48 @@ def kelly_fraction_exact(returns: npt.ArrayLike, probs: npt.ArrayLike) -> npt.ND
         else the root of G' inside (0, -1/min{R_i : p_i > 0}).
     """
     p = np.asarray(probs, dtype=np.float64)
-    r = np.broadcast_to(np.asarray(returns, dtype=np.float64), p.shape)
+    r = np.asarray(returns, dtype=np.float64)
+    if r.shape != p.shape:
+        r = np.broadcast_to(r, p.shape)
     total = p.sum(axis=-1, keepdims=True)
     p = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
-    live = p > 0
-    mu = (p * r).sum(axis=-1)
-    second = (p * r * r).sum(axis=-1)
-    worst = np.where(live, r, np.inf).min(axis=-1)
+    pr = p * r
+    mu = pr.sum(axis=-1)
+    second = (pr * r).sum(axis=-1)
+    worst = np.where(p > 0, r, np.inf).min(axis=-1)
     bounded = worst < 0
     hi = np.where(bounded, -1.0 / np.where(bounded, worst, -1.0), np.inf)
-    solve = (mu > 0) & bounded
-    f_star = np.where(mu > 0, np.inf, 0.0)
+    gain = mu > 0
+    solve = gain & bounded
+    f_star = np.where(gain, np.inf, 0.0)
     if not solve.any():
         return f_star
-    p, r, hi, mu, second = p[solve], r[solve], hi[solve], mu[solve], second[solve]
+    if not solve.all():  # the rows to solve only (a small batch usually solves all of its rows)
+        p, r, hi, mu, second = p[solve], r[solve], hi[solve], mu[solve], second[solve]
+    # Few array operations an iteration: at small batches each costs more than its arithmetic.
+    # Written so that every value is bit-identical to the textbook form: q = r / (1 + f r),
+    # G' = sum p q, G'' = -sum p q^2, step = f - G'/G'' (= f + G'/sum p q^2 exactly).
     lo = np.zeros_like(mu)
     f = mu / second
     f = np.where(f < hi, f, 0.5 * hi)
     for _ in range(MAX_NEWTON_ITERATIONS):
-        q = r / (1.0 + f[:, None] * r)
-        g1 = (p * q).sum(axis=-1)
-        g2 = -(p * q * q).sum(axis=-1)
-        lo = np.where(g1 > 0, f, lo)
-        hi = np.where(g1 > 0, hi, f)
-        step = f - g1 / g2
-        step = np.where(step >= hi, 0.5 * (f + hi), np.where(step <= lo, 0.5 * (f + lo), step))
-        done = np.abs(step - f) <= _TOL * f
+        q = f[:, None] * r
+        q += 1.0
+        np.divide(r, q, out=q)
+        pq = p * q
+        g1 = pq.sum(axis=-1)
+        pq *= q
+        step = g1 / pq.sum(axis=-1)
+        step += f
+        rising = g1 > 0
+        lo = np.where(rising, f, lo)
+        hi = np.where(rising, hi, f)
+        over = step >= hi
+        under = step <= lo
+        if over.any() or under.any():  # a step leaving the bracket goes halfway to its bound
+            step = np.where(over, 0.5 * (f + hi), np.where(under, 0.5 * (f + lo), step))
+        moved = step - f
+        done = np.abs(moved, out=moved) <= _TOL * f
         f = step
         if done.all():
             break
