@@ -13,6 +13,8 @@ block): it does not depend on batch order, launch geometry or device.
 from __future__ import annotations
 
 import enum
+import functools
+import sys
 
 import numpy as np
 import numpy.typing as npt
@@ -20,14 +22,14 @@ import numpy.typing as npt
 __all__ = ["Purpose", "philox4x32", "philox_uniforms"]
 
 _MASK = np.uint64(0xFFFFFFFF)
-_M0 = np.uint64(0xD2511F53)
-_M1 = np.uint64(0xCD9E8D57)
-_W0 = np.uint64(0x9E3779B9)
-_W1 = np.uint64(0xBB67AE85)
+_W0 = 0x9E3779B9
+_W1 = 0xBB67AE85
 _ROUNDS = 10
-_SHIFT = np.uint64(32)
-_MULT = np.array([[_M0], [_M1]], dtype=np.uint64)
-_BUMP = np.array([[_W0], [_W1]], dtype=np.uint64)
+_MULT = np.array([[0xD2511F53], [0xCD9E8D57]], dtype=np.uint64)
+_BUMP = np.arange(_ROUNDS, dtype=np.uint64)[:, None, None] * np.array([[_W0], [_W1]], dtype=np.uint64)
+"""Round r's key is (key + r * (W0, W1)) mod 2**32: its increments, (rounds, 2, 1)."""
+_LO, _HI = (0, 1) if sys.byteorder == "little" else (1, 0)
+"""Where the low and high uint32 halves of a uint64 lie in memory."""
 
 
 class Purpose(enum.IntEnum):
@@ -37,21 +39,34 @@ class Purpose(enum.IntEnum):
     """One uniform per action for the Thompson choice (block 0: up to four actions)."""
 
 
+def _schedule(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint32]:
+    """The key of each round from keys (2, n) or (2, 1) -> (rounds, 2, n) uint32."""
+    return (((keys & _MASK) + _BUMP) & _MASK).astype(np.uint32)
+
+
+@functools.lru_cache(maxsize=16)
+def _seed_schedule(seed: int) -> npt.NDArray[np.uint32]:
+    """:func:`_schedule` of a 64-bit seed, (rounds, 2, 1): fixed per policy, so kept."""
+    keys = _schedule(np.array([[seed & 0xFFFFFFFF], [seed >> 32]], dtype=np.uint64))
+    keys.setflags(write=False)
+    return keys
+
+
 def _rounds(
-    even: npt.NDArray[np.uint64], odd: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64]
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-    """Ten rounds on words paired as even = (c0, c2), odd = (c1, c3), each (2, n); keys (2, n)
-    or (2, 1). Five array operations a round (plus the key schedule)."""
-    for _ in range(_ROUNDS):
-        p = _MULT * even  # both factors < 2**32: the 64-bit product cannot overflow
-        lo = p & _MASK
-        even = (p >> _SHIFT)[::-1] ^ odd ^ keys  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1)
-        odd = lo[::-1]  # (lo1, lo0)
-        keys = (keys + _BUMP) & _MASK
+    even: npt.NDArray[np.uint32], odd: npt.NDArray[np.uint32], keys: npt.NDArray[np.uint32]
+) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+    """Ten rounds on uint32 words paired as even = (c0, c2), odd = (c1, c3), each (2, n), with
+    the round keys of :func:`_schedule`. Three array operations a round: the 64-bit products
+    (both factors < 2**32: no overflow), read back as their (lo, hi) uint32 halves, then two xors."""
+    for key in keys:
+        p = np.multiply(_MULT, even, order="C").view(np.uint32)  # (2, 2n): lo, hi interleaved
+        even = p[::-1, _HI::2] ^ odd  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1)
+        even ^= key
+        odd = p[::-1, _LO::2]  # (lo1, lo0)
     return even, odd
 
 
-def _words(even: npt.NDArray[np.uint64], odd: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+def _words(even: npt.NDArray[np.uint32], odd: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
     """(n, 4) output words (c0, c1, c2, c3) from the paired form."""
     return np.stack([even[0], odd[0], even[1], odd[1]], axis=-1)
 
@@ -71,10 +86,10 @@ def philox4x32(counter: npt.ArrayLike, key: npt.ArrayLike) -> npt.NDArray[np.uin
     if ctr.shape[-1:] != (4,) or k.shape[-1:] != (2,):
         raise ValueError(f"philox4x32 wants counter (..., 4) and key (..., 2), got {ctr.shape}, {k.shape}")
     shape = np.broadcast_shapes(ctr.shape[:-1], k.shape[:-1])
-    words = np.broadcast_to(ctr, (*shape, 4)).reshape(-1, 4).T & _MASK
-    keys = np.broadcast_to(k, (*shape, 2)).reshape(-1, 2).T & _MASK
+    words = (np.broadcast_to(ctr, (*shape, 4)).reshape(-1, 4).T & _MASK).astype(np.uint32)
+    keys = _schedule(np.broadcast_to(k, (*shape, 2)).reshape(-1, 2).T)
     even, odd = _rounds(words[0::2], words[1::2], keys)
-    return _words(even, odd).reshape(*shape, 4).astype(np.uint32)
+    return _words(even, odd).reshape(*shape, 4)
 
 
 def philox_uniforms(
@@ -98,10 +113,12 @@ def philox_uniforms(
     env64 = np.asarray(env, dtype=np.uint64)
     step64 = np.asarray(step, dtype=np.uint64)
     shape = np.broadcast_shapes(env64.shape, step64.shape)
-    env64 = np.broadcast_to(env64, shape).ravel() & _MASK
-    step64 = np.broadcast_to(step64, shape).ravel()
-    word3 = np.full_like(env64, (int(purpose) << 16) | block)
-    keys = np.array([[seed & 0xFFFFFFFF], [seed >> 32]], dtype=np.uint64)
-    even, odd = _rounds(np.stack([step64 & _MASK, env64]), np.stack([step64 >> _SHIFT, word3]), keys)
-    bits = _words(even, odd) >> np.uint64(8)  # < 2**24: exact in float32
+    counter = np.empty((4, *shape), dtype=np.uint64)  # rows c0, c2, c1, c3
+    counter[0] = step64
+    counter[1] = env64
+    counter[2] = step64 >> np.uint64(32)
+    counter[3] = (int(purpose) << 16) | block
+    words = (counter.reshape(4, -1) & _MASK).astype(np.uint32)
+    even, odd = _rounds(words[:2], words[2:], _seed_schedule(seed))
+    bits = _words(even, odd) >> 8  # < 2**24: exact in float32
     return (bits.astype(np.float32) * np.float32(2.0**-24)).reshape(*shape, 4)
