@@ -54,21 +54,29 @@ def _seed_schedule(seed: int) -> npt.NDArray[np.uint32]:
 
 def _rounds(
     even: npt.NDArray[np.uint32], odd: npt.NDArray[np.uint32], keys: npt.NDArray[np.uint32]
-) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+) -> npt.NDArray[np.uint32]:
     """Ten rounds on uint32 words paired as even = (c0, c2), odd = (c1, c3), each (2, n), with
-    the round keys of :func:`_schedule`. Three array operations a round: the 64-bit products
-    (both factors < 2**32: no overflow), read back as their (lo, hi) uint32 halves, then two xors."""
-    for key in keys:
-        p = np.multiply(_MULT, even, order="C").view(np.uint32)  # (2, 2n): lo, hi interleaved
-        even = p[::-1, _HI::2] ^ odd  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1)
+    the round keys of :func:`_schedule` -> the (n, 4) output words (c0, c1, c2, c3).
+
+    Three array operations a round and no new arrays: the 64-bit products (both factors < 2**32:
+    no overflow) go into one of two buffers, read back through fixed views as their uint32
+    halves, pairs swapped; a round reads the previous round's buffer, so the two alternate."""
+    n = even.shape[1]
+    prods = np.empty((2, 2, n), dtype=np.uint64)
+    halves = prods.view(np.uint32).reshape(2, 2, n, 2)[:, ::-1]  # (buffer, pair swapped, n, [lo, hi])
+    buffers = [
+        (prods[b], halves[b, :, :, _HI], halves[b, :, :, _LO], np.empty((2, n), np.uint32)) for b in (0, 1)
+    ]
+    for r, key in enumerate(keys):
+        prod, hi, lo, xored = buffers[r & 1]
+        np.multiply(_MULT, even, out=prod)
+        even = np.bitwise_xor(hi, odd, out=xored)  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1)
         even ^= key
-        odd = p[::-1, _LO::2]  # (lo1, lo0)
-    return even, odd
-
-
-def _words(even: npt.NDArray[np.uint32], odd: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
-    """(n, 4) output words (c0, c1, c2, c3) from the paired form."""
-    return np.stack([even[0], odd[0], even[1], odd[1]], axis=-1)
+        odd = lo  # (lo1, lo0)
+    out = np.empty((n, 2, 2), dtype=np.uint32)
+    out[:, :, 0] = even.T
+    out[:, :, 1] = odd.T
+    return out.reshape(n, 4)
 
 
 def philox4x32(counter: npt.ArrayLike, key: npt.ArrayLike) -> npt.NDArray[np.uint32]:
@@ -88,8 +96,7 @@ def philox4x32(counter: npt.ArrayLike, key: npt.ArrayLike) -> npt.NDArray[np.uin
     shape = np.broadcast_shapes(ctr.shape[:-1], k.shape[:-1])
     words = (np.broadcast_to(ctr, (*shape, 4)).reshape(-1, 4).T & _MASK).astype(np.uint32)
     keys = _schedule(np.broadcast_to(k, (*shape, 2)).reshape(-1, 2).T)
-    even, odd = _rounds(words[0::2], words[1::2], keys)
-    return _words(even, odd).reshape(*shape, 4)
+    return _rounds(words[0::2], words[1::2], keys).reshape(*shape, 4)
 
 
 def philox_uniforms(
@@ -119,6 +126,5 @@ def philox_uniforms(
     counter[2] = step64 >> np.uint64(32)
     counter[3] = (int(purpose) << 16) | block
     words = (counter.reshape(4, -1) & _MASK).astype(np.uint32)
-    even, odd = _rounds(words[:2], words[2:], _seed_schedule(seed))
-    bits = _words(even, odd) >> 8  # < 2**24: exact in float32
+    bits = _rounds(words[:2], words[2:], _seed_schedule(seed)) >> 8  # < 2**24: exact in float32
     return (bits.astype(np.float32) * np.float32(2.0**-24)).reshape(*shape, 4)
