@@ -124,6 +124,14 @@ class BarClock:
         self._inside = self._open_k * self._interval
         return closes
 
+    def would_close(self, records: int, latest_ts: int) -> bool:
+        """Whether ``records`` more records, the latest received at ``latest_ts``, close the open
+        bar: one past its close time (time clock), or the ones that complete it (event clock).
+        A look-ahead that changes nothing (the time clock's first bar is not known yet)."""
+        if self._time:
+            return self._open_k >= 0 and latest_ts > self._open_k * self._interval
+        return self._count + records >= self._events
+
     def after_record(self) -> bool:
         """Event clock: ``True`` when the record just added closes the open bar."""
         if self._time:

@@ -231,6 +231,8 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
         "records_per_s": round(consumed / elapsed, 1) if elapsed > 0 else None,
         "decide_p50_ms": _pct(decide, 50),
         "decide_p99_ms": _pct(decide, 99),
+        "decide_calls": int(decide.size),
+        "feed_runs": counts.get("feed_runs", 0),
         "ledger_p50_ms": _pct(ledger, 50),
         "ledger_p99_ms": _pct(ledger, 99),
         "orders": int(latencies.size),

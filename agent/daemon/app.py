@@ -428,28 +428,21 @@ class Daemon:
 
     async def _live_feed(self, source: Source) -> None:
         """A live feed in coalesced runs: an intake task moves the source's events into an
-        inbox; this task takes everything the inbox holds once the intake has moved what the
-        transport already delivered (at most :data:`_INTAKE_BATCHES` batches), and pushes
-        each run of consecutive record batches through the venue and the features as one
-        array. A NATS message carries a few records, and the per-call costs of the book,
-        bars, features and the paper broker are ~100 us: one call per message cannot keep up
-        with 10k records/s, one call per run can. Health events are handled in their place
-        between runs."""
+        inbox; this task takes the events at its head as one run (:meth:`_next_run`) and pushes
+        each stretch of consecutive record batches through the venue and the features as one
+        array. A NATS message carries a few records, and the per-call costs of the book, bars,
+        features and the paper broker are ~100 us: one call per message cannot keep up with
+        10k records/s, one call per run can. Health events are handled in their place between
+        runs."""
         inbox: collections.deque[SourceEvent] = collections.deque()
         ready = asyncio.Event()
         intake = asyncio.get_running_loop().create_task(_intake(source, inbox, ready), name="intake")
         try:
             while not (intake.done() and not inbox):
                 await ready.wait()
-                # The intake moves one queued event per pass of the loop: give it the passes
-                # to move the rest of what arrived (one transport read holds many messages).
-                seen = -1
-                while seen != len(inbox) and len(inbox) < _INTAKE_BATCHES and not intake.done():
-                    seen = len(inbox)
-                    await asyncio.sleep(0)
-                ready.clear()
-                events = list(inbox)
-                inbox.clear()
+                events = [inbox.popleft() for _ in range(await self._next_run(inbox, intake))]
+                if not inbox:
+                    ready.clear()
                 run: list[RecordBatch] = []
                 for event in events:
                     if isinstance(event, HealthEvent):
@@ -465,10 +458,38 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await intake
 
+    async def _next_run(self, inbox: collections.deque[SourceEvent], intake: asyncio.Task[None]) -> int:
+        """How many events at the head of ``inbox`` form the next run.
+
+        The intake moves one queued event per pass of the loop: the run waits while passes
+        bring more (one transport read holds many messages), up to :data:`_INTAKE_BATCHES`
+        events, or until the inbox holds a batch closing the bar of every instrument. A run
+        that closes bars ends with the last batch that closes one: the batches behind it wait
+        for the next run, processed once the decision task took the bars (one batched decision
+        for the instruments whose bars closed together). Where a run ends never changes the
+        bars."""
+        pending: collections.Counter[int] = collections.Counter()
+        closed: set[int] = set()
+        scanned = closing = 0
+        while True:
+            for k in range(scanned, len(inbox)):
+                event = inbox[k]
+                if isinstance(event, RecordBatch) and (ids := self.features.closing(event.records, pending)):
+                    closing = k + 1
+                    closed.update(ids)
+            scanned = len(inbox)
+            if len(closed) == len(self.features.by_id) or scanned >= _INTAKE_BATCHES or intake.done():
+                break
+            await asyncio.sleep(0)
+            if len(inbox) == scanned:
+                break
+        return closing or scanned
+
     def _on_run(self, run: list[RecordBatch]) -> None:
         """Consecutive record batches as one array; bars they close are measured from the
         first batch's arrival (an upper bound for the later batches' records)."""
         if run:
+            self.counts["feed_runs"] += 1
             records = run[0].records if len(run) == 1 else concat_mbp10([b.records for b in run])
             self._on_records(records, run[0].received_ns)
 

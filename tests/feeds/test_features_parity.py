@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 
@@ -128,6 +129,46 @@ def test_parity_across_instruments_through_the_router() -> None:
         alone = compute_bars(mixed[mixed["instrument_id"] == spec.instrument_id], spec, bars, HEALTH)
         assert_same(alone, mine)
         np.testing.assert_array_equal(result.frames[spec.symbol].features, alone.features)
+
+
+def test_parity_in_small_batches_through_the_router() -> None:
+    """Batches of a few records per instrument (a live run) are routed record by record and
+    judged with the scalar form of the rules; larger ones take the array form: the same bars."""
+    mixed, specs = mixed_feed()
+    bars = BarConfig(clock="time", interval_s=0.5)
+    router = IncrementalFeatures(specs, bars, HEALTH)
+    sizes = np.random.default_rng(8).choice([1, 3, 20, 95, 200, 700], size=len(mixed))
+    cuts = np.cumsum(sizes)
+    closed = [f for part in np.split(mixed, cuts[cuts < len(mixed)]) for f in router.push_records(part)]
+    assert router.rejected == 30
+    for spec in specs:
+        monitor = HealthMonitor(spec.instrument_id, spec.symbol)
+        alone = compute_bars(mixed[mixed["instrument_id"] == spec.instrument_id], spec, bars, HEALTH, monitor)
+        assert_same(alone, [f for f in closed if f.instrument_id == spec.instrument_id])
+        assert episodes(monitor) == episodes(router.by_id[spec.instrument_id].monitor)
+        assert monitor.counters == router.by_id[spec.instrument_id].monitor.counters
+
+
+def test_closing_looks_ahead_without_pushing() -> None:
+    """closing says whether pushing a batch would close a bar (time clock: once the first
+    bar is known), counting the event clock's records over the batches not pushed yet."""
+    records = random_book(600, seed=9, mean_gap_ns=10_000_000)
+    sizes = np.resize([1, 4, 2, 5, 3], len(records))
+    cuts = np.cumsum(sizes)
+    batches = np.split(records, cuts[cuts < len(records)])
+    for bars in (BarConfig(clock="time", interval_s=0.2), BarConfig(clock="events", events=7)):
+        router = IncrementalFeatures([SPEC], bars, HEALTH)
+        router.push_records(batches[0])
+        verdicts = []
+        for batch in batches[1:]:
+            says = router.closing(batch, collections.Counter())
+            assert says == ([SPEC.instrument_id] if router.push_records(batch) else [])
+            verdicts.append(bool(says))
+        assert any(verdicts) and not all(verdicts)
+    router = IncrementalFeatures([SPEC], BarConfig(clock="events", events=7), HEALTH)
+    pending: collections.Counter[int] = collections.Counter()
+    assert [router.closing(records[k : k + 3], pending) for k in (0, 3, 6)] == [[], [], [SPEC.instrument_id]]
+    assert pending == {SPEC.instrument_id: 9}
 
 
 def test_parity_on_a_synthetic_session() -> None:
