@@ -10,14 +10,19 @@ Modes (``SourceConfig.nats_mode``):
 
 ``jetstream`` (default)
     A pull consumer on the stream (``SourceConfig.stream``, created if missing), filtered on the
-    configured subjects, acknowledging with ``AckPolicy.ALL``. With a ``durable`` name it resumes
-    where it stopped (and a new durable starts at the beginning of the stream); without one it
-    is an ephemeral consumer that starts with new messages. Redeliveries are recognised by
-    stream sequence and skipped (``counters.duplicates``): processing is idempotent. After a
-    reconnect the consumer is looked up again and, if the server lost it (an ephemeral consumer
-    times out during a long outage), re-created to start right after the last stream sequence
-    seen, so nothing retained by the stream is missed. A full queue pauses fetching (JetStream
-    keeps the messages) instead of dropping.
+    configured subjects, acknowledging with ``AckPolicy.ALL``. One pull request for up to
+    ``fetch_batch`` messages is kept open at a time and its messages are taken as they arrive (a
+    callback on this source's own inbox), the next request going out as soon as the last one is
+    served or ends: at real-time pace a request carries many messages, where a plain ``fetch``
+    costs a no-wait probe, a waiting request and a status message per message. With a ``durable``
+    name it resumes where it stopped (and a new durable starts at the beginning of the stream);
+    without one it is an ephemeral consumer that starts with new messages. Redeliveries are
+    recognised by stream sequence and skipped (``counters.duplicates``): processing is idempotent.
+    After a reconnect the consumer is looked up again and, if the server lost it (an ephemeral
+    consumer times out during a long outage), re-created to start right after the last stream
+    sequence seen, so nothing retained by the stream is missed. A request never asks for more
+    messages than the queue has room for, so a full queue pauses fetching (JetStream keeps the
+    messages) instead of dropping.
 ``core``
     Plain subscriptions: lowest latency, at-most-once. Messages published while disconnected are
     lost; the relay's per-subject ``Md-Seq`` header tells exactly how many, reported as a
@@ -34,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -62,15 +68,18 @@ log = logging.getLogger(__name__)
 ACK_WAIT_S = 30.0
 MAX_ACK_PENDING = 20_000
 EPHEMERAL_INACTIVE_S = 60.0
-FETCH_TIMEOUT_S = 1.0
+PULL_EXPIRES_S = 1.0
+"""A pull request expires after this long without being served in full (then the next goes out)."""
 CORE_PENDING_MSGS = 65_536
 CORE_PENDING_BYTES = 512 * 1024 * 1024
+_HEARTBEAT = "100"
 
 
 class NatsSource(QueuedSource):
     """MBP-10 records from NATS (see the module docstring for the modes).
 
-    ``ack="receipt"`` acknowledges each fetched batch once its records are queued (a daemon);
+    ``ack="receipt"`` acknowledges what arrived once its records are queued, whenever the inbox
+    has no more messages waiting (a daemon);
     ``ack="manual"`` leaves it to the consumer, which calls :meth:`ack_through` once the records
     are safe (the recorder, after its file flush).
     """
@@ -107,9 +116,13 @@ class NatsSource(QueuedSource):
         self._decoder = StreamDecoder(framing="message")
         self._tracker = SequenceTracker()
         self._core_subs: list[Subscription] = []
-        self._pull: JetStreamContext.PullSubscription | None = None
+        self._inbox_sub: Subscription | None = None
         self._consumer = durable or f"eph-{secrets.token_hex(6)}"
         self._pull_task: asyncio.Task[None] | None = None
+        self._asked = 0
+        """Messages the open pull request asked for; ``_served`` of them have arrived."""
+        self._served = 0
+        self._request_over = asyncio.Event()
         self._resubscribe = False
         self._outage: tuple[int, int] | None = None
         self._unacked: collections.deque[tuple[int, Msg]] = collections.deque()
@@ -195,17 +208,23 @@ class NatsSource(QueuedSource):
                 self._consumer,
                 start or config.deliver_policy,
             )
-        old, self._pull = self._pull, None
+        old, self._inbox_sub = self._inbox_sub, None
         if old is not None:
             with contextlib.suppress(nats.errors.Error, ValueError):
                 await old.unsubscribe()
-        self._pull = await session.retry(
-            lambda: js.pull_subscribe_bind(
-                durable=self.durable or None, name=self._consumer, stream=self.stream
-            )
+        client = session.client
+        self._inbox_sub = await client.subscribe(
+            client.new_inbox(),
+            cb=self._on_pull_msg,
+            pending_msgs_limit=CORE_PENDING_MSGS,
+            pending_bytes_limit=CORE_PENDING_BYTES,
         )
+        self._request_over.set()  # a request made to an earlier inbox is void
 
     async def _pull_loop(self) -> None:
+        """Keep one pull request open: ask for as many messages as the queue has room for (at
+        most ``fetch_batch``), then wait until they have all arrived, the request expired or the
+        consumer was re-bound (:meth:`_on_pull_msg` says so)."""
         try:
             while True:
                 if self._resubscribe:
@@ -213,24 +232,28 @@ class NatsSource(QueuedSource):
                     await self._bind_consumer()
                     self._report_reconnected()
                 await self._wait_for_room()
-                pull = self._pull
-                assert pull is not None
+                sub = self._inbox_sub
+                assert sub is not None
+                self._asked = min(self._fetch_batch, self._max_batches - self._queued_batches)
+                self._served = 0
+                self._request_over.clear()
+                request = {"batch": self._asked, "expires": int(PULL_EXPIRES_S * 1e9)}
                 try:
-                    msgs = await pull.fetch(self._fetch_batch, timeout=FETCH_TIMEOUT_S)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except (nats.errors.Error, nats.js.errors.Error) as exc:
+                    await self._session.client.publish(
+                        f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self._consumer}",
+                        json.dumps(request).encode(),
+                        reply=sub.subject,
+                    )
+                except nats.errors.Error as exc:
                     if self._session.client.is_closed:
                         raise NatsUnavailable(f"{self.name}: connection closed") from exc
-                    log.debug("%s: fetch failed (%r); retrying", self.name, exc)
+                    log.debug("%s: pull request failed (%r); retrying", self.name, exc)
                     await asyncio.sleep(0.1)
                     continue
-                for msg in msgs:
-                    self._take_js(msg)
-                if self._ack == "receipt" and self._unacked:
-                    last = self._unacked[-1][1]
-                    self._unacked.clear()
-                    await self._ack_msg(last)
+                # A request lost with the connection ends with the reconnect (or, at the latest,
+                # after its expiry plus a margin).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._request_over.wait(), PULL_EXPIRES_S + 1.0)
         except FeedError as exc:
             self._finish(exc)
         except asyncio.CancelledError:
@@ -238,6 +261,29 @@ class NatsSource(QueuedSource):
         except Exception as exc:
             log.exception("%s: pull loop failed", self.name)
             self._finish(FeedError(f"{self.name}: pull loop failed: {exc!r}"))
+
+    async def _on_pull_msg(self, msg: Msg) -> None:
+        """A message on the inbox: a stream message (taken in; acknowledged with what arrived
+        before it once nothing more waits), or a status that ends the request (408: expired,
+        409: the server ended it) or only keeps it alive (100: heartbeat)."""
+        try:
+            status = JetStreamContext.is_status_msg(msg)
+            if status is not None:
+                if status != _HEARTBEAT:
+                    self._request_over.set()
+                return
+            self._take_js(msg)
+            self._served += 1
+            sub = self._inbox_sub
+            if self._ack == "receipt" and self._unacked and (sub is None or sub.pending_msgs == 0):
+                last = self._unacked[-1][1]
+                self._unacked.clear()
+                await self._ack_msg(last)
+            if self._served >= self._asked:
+                self._request_over.set()
+        except Exception as exc:
+            log.exception("%s: taking a JetStream message failed", self.name)
+            self._finish(FeedError(f"{self.name}: taking a JetStream message failed: {exc!r}"))
 
     def _take_js(self, msg: Msg) -> None:
         try:
@@ -335,6 +381,7 @@ class NatsSource(QueuedSource):
             self._report_reconnected()  # nats-py has re-sent every core subscription
         else:
             self._resubscribe = True  # the pull loop re-binds the consumer, then reports
+            self._request_over.set()
 
     def _report_reconnected(self) -> None:
         assert self._outage is not None
