@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agent.model import Array, Params, forward, init_params, to_numpy
-from agent.model.mamba2 import block_forward, ssd_chunked, ssd_ref
+from agent.model.mamba2 import _causal_conv, block_forward, ssd_chunked, ssd_ref
 from agent.model.ops import silu, softplus
 from tests.model.conftest import TINY
 
@@ -80,6 +80,23 @@ def _block_step_reference(params: Params, prefix: str, u: Array) -> Array:
         vhat = (v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + 1e-5)).reshape(bt, di)
         outs.append((vhat * params[prefix + "gnorm_w"]) @ params[prefix + "W_out"].T)
     return xp.stack(outs, axis=1)
+
+
+@pytest.mark.parametrize("length", [1, 3, 4, 9])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_causal_conv_equals_its_definition(xp: ModuleType, length: int, order: str) -> None:
+    """pre[t] = conv_b + sum_k conv_w[:, k] x[t - (W - 1) + k], zero before the window; windows
+    shorter than the conv too, and conv_w row-major (training) or column-major (CPU runner)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, length, 6))
+    w = rng.standard_normal((6, 4))
+    b = rng.standard_normal(6)
+    expected = np.empty_like(x)
+    for t in range(length):
+        taps = [w[:, k] * x[:, t - 3 + k] for k in range(4) if t - 3 + k >= 0]
+        expected[:, t] = b + sum(taps)
+    got = _causal_conv(xp.asarray(x), xp.asarray(w, order=order), xp.asarray(b))
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, TINY.window])
