@@ -38,16 +38,15 @@ from rich.progress import Progress
 from agent.backtest.event import EventDriver
 from agent.backtest.fast import load_bars, regime_path, run_fast
 from agent.backtest.kernel import ModelDecider
-from agent.bench.feed import feed_file
+from agent.bench.feed import feed_file, write_records
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.params import init_params
 from agent.policy.regime import RegimeTracker
 from agent.train.env import AGENT_FEATURES
-from feeds.dbn import iter_mbp10, write_mbp10
+from feeds.dbn import iter_mbp10
 from feeds.dbn.framing import concat_mbp10
 from feeds.features import FEATURE_NAMES
-from feeds.sources import config_symbols
 from storage.config import StorageConfig
 from storage.schema import open_database
 
@@ -165,16 +164,7 @@ def _prefix(path: Path, out: Path, records: int, config: Config) -> Path:
         have += len(parts[-1])
         if have >= records:
             break
-    data = concat_mbp10(parts)
-    ts = data["ts_recv"]
-    return write_mbp10(
-        out,
-        data,
-        dataset=config.synth.dataset,
-        symbols=config_symbols(config.feeds),
-        start_ns=int(ts[0]),
-        end_ns=int(ts[-1]) + 1,
-    )
+    return write_records(out, concat_mbp10(parts), config)
 
 
 def _reset_peak_rss() -> bool:

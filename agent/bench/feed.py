@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import zstandard
 from rich.console import Console
 from rich.progress import Progress
@@ -65,7 +66,7 @@ from feeds.features import IncrementalFeatures, compute_file
 from feeds.sources import NatsSource, RecordBatch, config_symbols
 from feeds.synth import write_synthetic
 
-__all__ = ["add_arguments", "feed_file", "run"]
+__all__ = ["add_arguments", "feed_file", "run", "write_records"]
 
 log = logging.getLogger(__name__)
 
@@ -100,19 +101,23 @@ def feed_file(config: Config, records: int, seed: int, progress: Progress) -> Pa
             if len(data) >= records:
                 break
             days = days * 2
-        data = data[:records]
-        ts = data["ts_recv"]
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_mbp10(
-            path,
-            data,
-            dataset=config.synth.dataset,
-            symbols=config_symbols(config.feeds),
-            start_ns=int(ts[0]),
-            end_ns=int(ts[-1]) + 1,
-        )
+        write_records(path, data[:records], config)
     progress.remove_task(task)
     return path
+
+
+def write_records(path: Path, data: np.ndarray[Any, Any], config: Config) -> Path:
+    """``data`` (synthetic records of the configured instruments) as a DBN file spanning them."""
+    ts = data["ts_recv"]
+    return write_mbp10(
+        path,
+        data,
+        dataset=config.synth.dataset,
+        symbols=config_symbols(config.feeds),
+        start_ns=int(ts[0]),
+        end_ns=int(ts[-1]) + 1,
+    )
 
 
 def _plain_copy(path: Path) -> Path:

@@ -4,11 +4,9 @@ and decided, the event driver on the requested prefix, the peak memory is the dr
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.support.bench import bench_json
 
 KEYS = {
     "records",
@@ -23,23 +21,15 @@ KEYS = {
 
 
 def test_bench_backtest_prints_one_json_object_with_its_keys(tmp_path: Path) -> None:
-    env = dict(os.environ)
-    env["TRADEAGENT_DATA_DIR"] = str(tmp_path / "data")
+    tiny = {"WINDOW": "4", "D_MODEL": "16", "N_LAYERS": "1", "HEADDIM": "8"}
+    env = {f"TRADEAGENT__MODEL__{key}": value for key, value in tiny.items()}
     env["TRADEAGENT__SYNTH__EVENTS_PER_SECOND"] = "2"
-    for key, value in (("WINDOW", "4"), ("D_MODEL", "16"), ("N_LAYERS", "1"), ("HEADDIM", "8")):
-        env[f"TRADEAGENT__MODEL__{key}"] = value
-    run = subprocess.run(
-        [
-            *(sys.executable, "-m", "agent.cli", "bench", "backtest", "--json"),
-            *("--records", "20000", "--event-records", "5000", "--chunks", "4"),
-        ],
+    result = bench_json(
+        "backtest",
+        *("--records", "20000", "--event-records", "5000", "--chunks", "4"),
+        data_dir=tmp_path / "data",
         env=env,
-        capture_output=True,
-        timeout=300,
-        check=False,
     )
-    assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
-    result = json.loads(run.stdout)  # exactly one JSON object: anything else fails to parse
     assert set(result) == KEYS
     assert result["records"] == 20000 and result["event_records"] == 5000
     assert result["bars"] > 0 and result["fast_decisions"] > 0 and result["event_decisions"] > 0

@@ -3,14 +3,11 @@ every documented key (its figures are measurements, so only their sanity is chec
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from agent.bench.nats_server import NatsServerUnavailable, find_nats_server
 from tests.conftest import skip_or_fail
+from tests.support.bench import bench_json
 
 KEYS = {
     "records",
@@ -33,18 +30,12 @@ def test_bench_feed_prints_one_json_object_with_its_keys(tmp_path: Path) -> None
         find_nats_server()
     except NatsServerUnavailable as exc:
         skip_or_fail(str(exc))
-    env = dict(os.environ)
-    env["TRADEAGENT_DATA_DIR"] = str(tmp_path / "data")
-    env["TRADEAGENT__SYNTH__EVENTS_PER_SECOND"] = "0.5"  # a small synthetic day is enough
-    run = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "bench", "feed", "--json", "--records", "3000", "--repeat", "1"],
-        env=env,
-        capture_output=True,
-        timeout=300,
-        check=False,
+    result = bench_json(
+        "feed",
+        *("--records", "3000", "--repeat", "1"),
+        data_dir=tmp_path / "data",
+        env={"TRADEAGENT__SYNTH__EVENTS_PER_SECOND": "0.5"},  # a small synthetic day is enough
     )
-    assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
-    result = json.loads(run.stdout)  # exactly one JSON object: anything else fails to parse
     assert set(result) == KEYS
     assert result["records"] == 3000 and result["bars"] > 0
     assert result["nats_messages"] >= 1

@@ -1,0 +1,25 @@
+"""Run ``tradeagent bench NAME --json`` as a real subprocess and return its one JSON object."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def bench_json(name: str, *args: str, data_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The benchmark's JSON (exactly one object on stdout: anything else fails to parse), run with
+    ``data_dir`` as the data directory and ``env`` added to this process's environment."""
+    run = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "bench", name, "--json", *args],
+        env={**os.environ, "TRADEAGENT_DATA_DIR": str(data_dir), **env},
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
+    result: dict[str, Any] = json.loads(run.stdout)
+    return result
