@@ -13,11 +13,11 @@ Keys:
 
 ``p50_ms``, ``p99_ms``
     From the arrival of the record that closes a bar (the wall-clock time the NATS batch holding
-    it was taken from the transport; the daemon handles batches in runs, and a run's bars are
-    measured from its first batch, an upper bound) to the order leaving the daemon (handed to
-    the paper broker, after the batched decision and the risk checks; the order's ledger row is
-    committed right behind it, see ``Daemon._place``). Bars closed by the clock on a quiet feed
-    are measured from that clock tick.
+    it was taken from the transport, see ``agent.daemon.app.closing_arrivals``; before
+    2026-11-30 a run of batches counted from its first batch) to the order leaving the daemon
+    (handed to the paper broker, after the batched decision and the risk checks; the order's
+    ledger row is committed right behind it, see ``Daemon._place``). Bars closed by the clock on
+    a quiet feed are measured from that clock tick.
 ``records_per_s``
     Records the daemon consumed per second of wall time over the run.
 

@@ -486,12 +486,18 @@ class Daemon:
         return closing or scanned
 
     def _on_run(self, run: list[RecordBatch]) -> None:
-        """Consecutive record batches as one array; bars they close are measured from the
-        first batch's arrival (an upper bound for the later batches' records)."""
+        """Consecutive record batches as one array; each bar they close is measured from the
+        arrival of the batch holding the record that closed it (:func:`closing_arrivals`)."""
         if run:
             self.counts["feed_runs"] += 1
-            records = run[0].records if len(run) == 1 else concat_mbp10([b.records for b in run])
-            self._on_records(records, run[0].received_ns)
+            if len(run) == 1:
+                self._on_records(run[0].records, run[0].received_ns)
+                return
+            records = concat_mbp10([b.records for b in run])
+            arrivals = np.repeat(
+                np.array([b.received_ns for b in run], dtype=np.int64), [len(b.records) for b in run]
+            )
+            self._on_records(records, run[0].received_ns, arrivals)
 
     async def _on_replay_batch(self, batch: RecordBatch) -> None:
         """Replay runs on the feed's clock: slices of :data:`_REPLAY_SLICE` records, and after a
@@ -504,8 +510,15 @@ class Daemon:
                 self._idle.clear()
                 await self._idle.wait()
 
-    def _on_records(self, records: np.ndarray[Any, np.dtype[np.void]], arrival_ns: int) -> bool:
-        """Feed the venue and the features; True when bars closed (decisions are queued)."""
+    def _on_records(
+        self,
+        records: np.ndarray[Any, np.dtype[np.void]],
+        arrival_ns: int,
+        arrivals: np.ndarray[Any, np.dtype[np.int64]] | None = None,
+    ) -> bool:
+        """Feed the venue and the features; True when bars closed (decisions are queued).
+        ``arrival_ns`` is when ``records`` arrived, or, where they came in several batches,
+        ``arrivals`` when each did (``arrival_ns`` the first)."""
         self._feed_clock_ns = max(self._feed_clock_ns, int(records["ts_recv"][-1]))
         self._feed_wall_ns = time.time_ns()
         venue = self._venue
@@ -513,11 +526,14 @@ class Daemon:
         venue.on_records(records)
         frames = self.features.push_records(records)
         if frames:
-            self._enqueue(frames, arrival_ns)
+            if arrivals is None:
+                self._enqueue(frames, [arrival_ns] * len(frames))
+            else:
+                self._enqueue(frames, closing_arrivals(records, arrivals, frames))
         return bool(frames)
 
-    def _enqueue(self, frames: list[BarFrame], arrival_ns: int) -> None:
-        for frame in frames:
+    def _enqueue(self, frames: list[BarFrame], arrivals_ns: list[int]) -> None:
+        for frame, arrival_ns in zip(frames, arrivals_ns, strict=True):
             self._closes.append(_Close(frame, arrival_ns))
         limit = self.config.daemon.decision_queue
         while len(self._closes) > limit:
@@ -898,7 +914,7 @@ class Daemon:
                 feed_now = self._feed_now()
                 frames = self.features.poll(feed_now)
                 if frames:
-                    self._enqueue(frames, now)
+                    self._enqueue(frames, [now] * len(frames))
                 if self._venue is not None:
                     self._venue.advance(feed_now)
             self._check_venue(now)
@@ -1173,6 +1189,27 @@ class Daemon:
 
 
 _E = TypeVar("_E", Fill, _OrderRows)
+
+
+def closing_arrivals(
+    records: np.ndarray[Any, np.dtype[np.void]],
+    arrivals: np.ndarray[Any, np.dtype[np.int64]],
+    frames: list[BarFrame],
+) -> list[int]:
+    """Per frame, when the record that closed its last bar arrived: ``arrivals[k]`` of the
+    instrument's first record in ``records`` stamped at or after the bar's close (the record
+    past a time bar's boundary; for an event bar, or a record stamped exactly at the boundary,
+    the same or an earlier record: never later, so the latency is never understated). A frame
+    whose instrument has no such record here takes the first arrival."""
+    ids = records["instrument_id"]
+    ts = records["ts_recv"].astype(np.int64)
+    out = []
+    for frame in frames:
+        mine = np.flatnonzero(ids == frame.instrument_id)
+        stamps = np.maximum.accumulate(ts[mine]) if mine.size else ts[mine]
+        k = int(np.searchsorted(stamps, int(frame.ts_close[-1]), side="left"))
+        out.append(int(arrivals[mine[k]]) if k < mine.size else int(arrivals[0]))
+    return out
 
 
 def _leading(queue: collections.deque[Report | _OrderRows], kind: type[_E]) -> list[_E]:

@@ -5,22 +5,27 @@ and the daemon's configuration checks."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import urllib.request
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
 
 from agent.config import ConfigError, load_config
+from agent.daemon.app import closing_arrivals
 from agent.daemon.config import RiskConfig, ScheduleConfig
 from agent.daemon.metrics import DaemonMetrics
 from agent.daemon.risk import Halts, RiskLimits
 from agent.daemon.scheduler import RetrainResult, RetrainScheduler, default_command
 from agent.daemon.telemetry import Telemetry
 from agent.errors import AgentError
+from feeds.features import BarFrame
+from feeds.records import MBP10_DTYPE
 
 DAY = 86_400 * 10**9
 
@@ -163,3 +168,20 @@ def test_shipped_profiles_load(name: str) -> None:
     config = load_config(Path(__file__).resolve().parents[2] / "config" / f"{name}.toml", env={})
     assert config.daemon.mode == name
     assert config.broker.mode == ("paper" if name == "paper" else "gateway")
+
+
+def test_a_bar_close_is_timed_from_the_batch_holding_its_closing_record() -> None:
+    """In a run of batches, each instrument's close counts from the arrival of its first record
+    stamped at or after the bar's close, not from the run's first batch."""
+    records = np.zeros(6, dtype=MBP10_DTYPE)
+    records["instrument_id"] = [1, 2, 1, 2, 2, 1]
+    records["ts_recv"] = [90, 95, 101, 99, 102, 103]
+    arrivals = np.array([1_000, 1_000, 2_000, 3_000, 4_000, 5_000], dtype=np.int64)
+    one = dataclasses.replace(BarFrame.empty(1, "A"), ts_close=np.array([100], dtype=np.int64))
+    two = dataclasses.replace(BarFrame.empty(2, "B"), ts_close=np.array([50, 100], dtype=np.int64))
+    late = dataclasses.replace(BarFrame.empty(1, "A"), ts_close=np.array([200], dtype=np.int64))
+    # instrument 1 crosses 100 at ts 101 (second batch); instrument 2 at ts 102 (fourth batch);
+    # a close no record of this run reached takes the run's first arrival
+    assert closing_arrivals(records, arrivals, [one, two, late]) == [2_000, 4_000, 1_000]
+    records["ts_recv"][3] = 104  # a record stamped late, then one stamped earlier: the running maximum
+    assert closing_arrivals(records, arrivals, [two]) == [3_000]
