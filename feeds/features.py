@@ -1273,14 +1273,14 @@ class IncrementalFeatures:
             for f in _REC.iter_unpack(contiguous.data.cast("B")):
                 builder = by_id[f[_F_IID]]
                 builder._add(f, builder._mask(f))
-            return _take_closed(list(by_id.values()))
-        for iid, builder in by_id.items():  # instruments are independent: one at a time
-            mine = ids == iid
-            if mine.all():
-                builder._add_records(contiguous)
-            elif mine.any():
-                builder._add_records(take_mbp10(contiguous, mine))
-        return _take_closed(list(self.by_id.values()))
+        else:
+            for iid, builder in by_id.items():  # instruments are independent: one at a time
+                mine = ids == iid
+                if mine.all():
+                    builder._add_records(contiguous)
+                elif mine.any():
+                    builder._add_records(take_mbp10(contiguous, mine))
+        return _take_closed(list(by_id.values()))
 
     def closing(self, records: np.ndarray, pending: collections.Counter[int]) -> list[int]:
         """The instruments whose open bar :meth:`push_records` of ``records`` would close, after

@@ -493,11 +493,10 @@ class Daemon:
             if len(run) == 1:
                 self._on_records(run[0].records, run[0].received_ns)
                 return
-            records = concat_mbp10([b.records for b in run])
             arrivals = np.repeat(
                 np.array([b.received_ns for b in run], dtype=np.int64), [len(b.records) for b in run]
             )
-            self._on_records(records, run[0].received_ns, arrivals)
+            self._on_records(concat_mbp10([b.records for b in run]), arrivals)
 
     async def _on_replay_batch(self, batch: RecordBatch) -> None:
         """Replay runs on the feed's clock: slices of :data:`_REPLAY_SLICE` records, and after a
@@ -511,14 +510,11 @@ class Daemon:
                 await self._idle.wait()
 
     def _on_records(
-        self,
-        records: np.ndarray[Any, np.dtype[np.void]],
-        arrival_ns: int,
-        arrivals: np.ndarray[Any, np.dtype[np.int64]] | None = None,
+        self, records: np.ndarray[Any, np.dtype[np.void]], arrival: int | np.ndarray[Any, np.dtype[np.int64]]
     ) -> bool:
         """Feed the venue and the features; True when bars closed (decisions are queued).
-        ``arrival_ns`` is when ``records`` arrived, or, where they came in several batches,
-        ``arrivals`` when each did (``arrival_ns`` the first)."""
+        ``arrival``: when ``records`` arrived (UNIX ns), or, where they came in several
+        batches, when each record did."""
         self._feed_clock_ns = max(self._feed_clock_ns, int(records["ts_recv"][-1]))
         self._feed_wall_ns = time.time_ns()
         venue = self._venue
@@ -526,10 +522,10 @@ class Daemon:
         venue.on_records(records)
         frames = self.features.push_records(records)
         if frames:
-            if arrivals is None:
-                self._enqueue(frames, [arrival_ns] * len(frames))
+            if isinstance(arrival, int):
+                self._enqueue(frames, [arrival] * len(frames))
             else:
-                self._enqueue(frames, closing_arrivals(records, arrivals, frames))
+                self._enqueue(frames, closing_arrivals(records, arrival, frames))
         return bool(frames)
 
     def _enqueue(self, frames: list[BarFrame], arrivals_ns: list[int]) -> None:
@@ -1206,7 +1202,7 @@ def closing_arrivals(
     out = []
     for frame in frames:
         mine = np.flatnonzero(ids == frame.instrument_id)
-        stamps = np.maximum.accumulate(ts[mine]) if mine.size else ts[mine]
+        stamps = np.maximum.accumulate(ts[mine])
         k = int(np.searchsorted(stamps, int(frame.ts_close[-1]), side="left"))
         out.append(int(arrivals[mine[k]]) if k < mine.size else int(arrivals[0]))
     return out

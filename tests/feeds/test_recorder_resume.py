@@ -44,6 +44,16 @@ def archive_left_by_a_kill_at_the_day_boundary(tmp_path: Path) -> tuple[np.ndarr
     return records, split, out
 
 
+def resumed_recorder_takes(out: Path, taken: list[RecordBatch]) -> Recorder:
+    """A recorder restarted on the archive ``out`` that takes ``taken`` and closes its day."""
+    recorder = Recorder(load_config(env={}).feeds, out)
+    recorder._resume_floor()
+    for batch in taken:
+        recorder._take(batch)
+    recorder._close_writer(completed=True)
+    return recorder
+
+
 def read_back(out: Path) -> np.ndarray:
     written = []
     for path in sorted(out.glob("*.dbn.zst")):
@@ -57,14 +67,12 @@ def test_redelivered_messages_of_a_completed_day_are_duplicates_when_the_new_day
     tmp_path: Path,
 ) -> None:
     records, split, out = archive_left_by_a_kill_at_the_day_boundary(tmp_path)
-    recorder = Recorder(load_config(env={}).feeds, out)
-    recorder._resume_floor()
     # Redelivery starts inside the completed day: its last five messages (whole publisher
     # batches, written but never acknowledged) come again before the new day's.
     redelivered = batches(records[split - 320 : split], 64, first_seq=1)
-    for batch in [*redelivered, *batches(records[split:], 64, first_seq=len(redelivered) + 1)]:
-        recorder._take(batch)
-    recorder._close_writer(completed=True)
+    recorder = resumed_recorder_takes(
+        out, [*redelivered, *batches(records[split:], 64, first_seq=len(redelivered) + 1)]
+    )
 
     assert recorder.counters.duplicate_records == 320
     assert recorder.counters.out_of_order == 0
@@ -76,12 +84,8 @@ def test_a_batch_cut_by_the_day_boundary_is_completed_once(tmp_path: Path) -> No
     finished day's file was closed (flushed), before the new day's file was flushed: its first
     part is durable, the rest is not, and none of it was acknowledged."""
     records, split, out = archive_left_by_a_kill_at_the_day_boundary(tmp_path)
-    recorder = Recorder(load_config(env={}).feeds, out)
-    recorder._resume_floor()
     spanning = RecordBatch(records[split - 100 : split + 100], received_ns=0, transport_seq=1)
-    for batch in [spanning, *batches(records[split + 100 :], 64, first_seq=2)]:
-        recorder._take(batch)
-    recorder._close_writer(completed=True)
+    recorder = resumed_recorder_takes(out, [spanning, *batches(records[split + 100 :], 64, first_seq=2)])
 
     assert recorder.counters.duplicate_records == 100
     assert recorder.counters.out_of_order == 0
@@ -92,12 +96,9 @@ def test_records_below_the_floor_that_were_never_written_are_out_of_order(tmp_pa
     """A publisher that breaks ts_recv order: records below the floor that are not in the
     archive are counted and skipped, never written out of order."""
     records, split, out = archive_left_by_a_kill_at_the_day_boundary(tmp_path)
-    recorder = Recorder(load_config(env={}).feeds, out)
-    recorder._resume_floor()
     late = records[split - 10 : split + 10].copy()
     late["ts_recv"][:10] -= np.uint64(1)  # not the bytes the archive holds
-    recorder._take(RecordBatch(late, received_ns=0, transport_seq=1))
-    recorder._close_writer(completed=True)
+    recorder = resumed_recorder_takes(out, [RecordBatch(late, received_ns=0, transport_seq=1)])
 
     assert recorder.counters.out_of_order == 10
     assert recorder.counters.duplicate_records == 0
