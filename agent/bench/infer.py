@@ -9,6 +9,10 @@ Keys (README "Benchmarks"):
 * ``p50_us_b1``, ``p99_us_b1``, ``p50_us_b64``, ``p99_us_b64``: wall time of one
   :meth:`InferenceEngine.decide` call (window push to sized targets, host in and out) at 1 and
   64 instruments; ``*_vs_floor``: the same over ``floor_us``.
+* CUDA only: ``device_us_b1``, ``device_us_b64``: median device time of those calls (the graph
+  replay between the engine's two CUDA events); ``host_us_b1``, ``host_us_b64``: median of each
+  call's time less its device time (input checks, pinned writes, launch, synchronisation
+  wake-up, output copy and bookkeeping).
 * ``decisions_per_s_b4096``: decisions per second at 4096 instruments per call (K from the model
   configuration, 32 by default).
 * ``train_samples_per_s``: samples per second of forward + backward + gradient clipping + Adam
@@ -36,7 +40,7 @@ from rich.progress import Progress
 from threadpoolctl import threadpool_limits
 
 from agent.gpu.backend import Backend, select_backend
-from agent.gpu.engine import InferenceEngine
+from agent.gpu.engine import SPREAD_FEATURE, InferenceEngine
 from agent.kernels.loader import cupy
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.config import ModelConfig
@@ -71,7 +75,7 @@ def _checkpoint(cfg: ModelConfig, seed: int) -> Checkpoint:
     data = checkpoint_to_bytes(
         params,
         cfg,
-        feature_names=[f"f{i}" for i in range(cfg.n_features)],
+        feature_names=[SPREAD_FEATURE if i == 2 else f"f{i}" for i in range(cfg.n_features)],
         norm_mean=np.zeros(cfg.n_features, dtype=np.float32),
         norm_std=np.ones(cfg.n_features, dtype=np.float32),
     )
@@ -124,16 +128,34 @@ def _decide_timer(engine: InferenceEngine, batch: int, seed: int) -> Callable[[]
 
 def _latency(
     cfg: ModelConfig, config: Config, backend: Backend, batch: int, iterations: int
-) -> tuple[float, float]:
+) -> dict[str, float]:
+    """p50 and p99 of one decide() call at ``batch`` rows; on CUDA also the median device time
+    and the median host share (call time less device time)."""
     engine = InferenceEngine(
-        _checkpoint(cfg, 1), config.policy, [12.5] * batch, backend=backend, max_batch=max(batch, 64)
+        _checkpoint(cfg, 1),
+        config.policy,
+        [12.5] * batch,
+        fee_per_contract=config.broker.fee_per_contract,
+        backend=backend,
+        max_batch=max(batch, 64),
     )
     timer = _decide_timer(engine, batch, 2)
     for _ in range(cfg.window + 50):  # fill the windows, warm caches and graphs
         timer()
-    result = _percentiles_us([timer() for _ in range(iterations)])
+    walls: list[float] = []
+    devices: list[float] = []
+    for _ in range(iterations):
+        walls.append(timer())
+        device = engine.device_us()
+        if device is not None:
+            devices.append(device * 1e-6)
     engine.close()
-    return result
+    out: dict[str, float] = {}
+    out[f"p50_us_b{batch}"], out[f"p99_us_b{batch}"] = _percentiles_us(walls)
+    if devices:
+        out[f"device_us_b{batch}"] = float(np.median(devices) * 1e6)
+        out[f"host_us_b{batch}"] = float(np.median(np.subtract(walls, devices)) * 1e6)
+    return out
 
 
 def _decisions_per_s(cfg: ModelConfig, config: Config, backend: Backend, calls: int) -> float:
@@ -141,6 +163,7 @@ def _decisions_per_s(cfg: ModelConfig, config: Config, backend: Backend, calls: 
         _checkpoint(cfg, 1),
         config.policy,
         [12.5] * _THROUGHPUT_BATCH,
+        fee_per_contract=config.broker.fee_per_contract,
         backend=backend,
         max_batch=_THROUGHPUT_BATCH,
     )
@@ -208,9 +231,9 @@ def _measure(args: argparse.Namespace, config: Config, backend: Backend, cfg: Mo
         out["floor_kind"] = "empty kernel launch + stream sync" if cuda else "trivial NumPy call (CPU)"
         out["floor_us"] = _floor_us(backend, iterations)
         phase("latency B=1")
-        out["p50_us_b1"], out["p99_us_b1"] = _latency(cfg, config, backend, 1, iterations)
+        out |= _latency(cfg, config, backend, 1, iterations)
         phase("latency B=64")
-        out["p50_us_b64"], out["p99_us_b64"] = _latency(cfg, config, backend, 64, iterations)
+        out |= _latency(cfg, config, backend, 64, iterations)
         for key in ("p50_us_b1", "p99_us_b1", "p50_us_b64", "p99_us_b64"):
             out[f"{key}_vs_floor"] = out[key] / out["floor_us"]
         phase("throughput B=4096")

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.gpu.errors import InferenceError
-from agent.gpu.runner import Batch, RawDecision
+from agent.gpu.runner import Batch, Costs, RawDecision, column
 from agent.kernels.softmax_ev import softmax_ev_ref
 from agent.kernels.window_push import window_push_ref
 from agent.model.checkpoint import Checkpoint
@@ -24,7 +24,7 @@ from agent.model.heads import c51_support, return_bin_centres
 from agent.model.network import forward
 from agent.policy.config import PolicyConfig
 from agent.policy.kelly import kelly_size_ref
-from agent.policy.thompson import thompson_ref
+from agent.policy.thompson import greedy_ref, thompson_ref
 
 __all__ = ["CpuRunner"]
 
@@ -94,14 +94,23 @@ def _forward_rows(model: _CpuModel, x: F32) -> tuple[F32, F32]:
 
 
 class CpuRunner:
-    """Windows in a (slots, K, F) float32 array; one model buffer set per checkpoint."""
+    """Windows in a (slots, K, F) float32 array and per-slot counters; one model buffer set per
+    checkpoint."""
 
     def __init__(
-        self, window: int, n_features: int, tick_values: npt.NDArray[np.float64], policy: PolicyConfig
+        self,
+        window: int,
+        n_features: int,
+        tick_values: npt.NDArray[np.float64],
+        policy: PolicyConfig,
+        costs: Costs,
     ) -> None:
         self.window = np.zeros((tick_values.size, window, n_features), dtype=np.float32)
+        self._bars = np.zeros(tick_values.size, dtype=np.int64)  # rows pushed
+        self._steps = np.zeros(tick_values.size, dtype=np.uint64)  # decisions made
         self.tick_values = tick_values
         self.policy = policy
+        self.costs = costs
         self._open = True
         _keep_freed_heap()
 
@@ -121,36 +130,61 @@ class CpuRunner:
             raise InferenceError("the engine is closed")
         model = cast(_CpuModel, model)
         cfg = model.config
-        n = batch.slots.size
-        window_push_ref(self.window, batch.features, batch.slots, batch.push)
-        x = (self.window[batch.slots] - model.mean) / model.std
+        slots = batch.slots
+        n = slots.size
+        positions = column(batch.positions, np.int32, n)
+        regime = column(batch.regime, np.float32, n)
+        healthy = column(batch.healthy, np.bool_, n)
+        push = window_push_ref(self.window, batch.features, slots, healthy)
+        tradable = push & (self._bars[slots] >= self.window.shape[1] - 1)
+        steps = self._steps[slots]
+        self._bars[slots] += push
+        self._steps[slots] += np.uint64(1)
+        x = (self.window[slots] - model.mean) / model.std
         q_logits, ret_logits = _forward_rows(model, x)
         q_probs, q, _ = softmax_ev_ref(q_logits.reshape(n * cfg.n_actions, cfg.n_atoms), model.support)
         r_probs, r_mean, r_var = softmax_ev_ref(ret_logits, model.centres)
-        draw = thompson_ref(
-            q_probs.reshape(n, cfg.n_actions, cfg.n_atoms),
-            model.support,
-            self.policy.seed,
-            batch.slots,
-            batch.steps,
-        )
+        q = q.reshape(n, cfg.n_actions)
+        if self.policy.selection == "greedy":
+            action = greedy_ref(q)
+        else:
+            action = thompson_ref(
+                q_probs.reshape(n, cfg.n_actions, cfg.n_atoms),
+                model.support,
+                self.policy.seed,
+                slots,
+                steps,
+            ).action
         sizing = kelly_size_ref(
             r_probs,
             model.centres,
-            draw.action - 1,
-            self.tick_values[batch.slots],
-            batch.regime,
+            action - 1,
+            self.tick_values[slots],
+            regime,
+            spread_ticks=batch.features[:, self.costs.spread_column],
+            position=positions,
             policy=self.policy,
+            fee_per_contract=self.costs.fee_per_contract,
         )
         return RawDecision(
-            action=draw.action,
-            target=np.where(batch.tradable, sizing.target, batch.positions).astype(np.int32),
-            q=q.reshape(n, cfg.n_actions).astype(np.float32),
+            action=action,
+            direction=(action - 1).astype(np.int8),
+            target=np.where(tradable, sizing.target, positions).astype(np.int32),
+            valid=tradable,
+            q=q.astype(np.float32),
             ret_mean=r_mean.astype(np.float32),
             ret_var=r_var.astype(np.float32),
             f_star=sizing.f_star,
-            size=np.where(batch.tradable, sizing.size, 0.0),
+            size=np.where(tradable, sizing.size, 0.0),
+            regime_scale=sizing.scale,
+            step=steps,
         )
+
+    def steps(self) -> npt.NDArray[np.uint64]:
+        return self._steps.copy()
+
+    def device_us(self) -> float | None:
+        return None
 
     def release(self) -> None:
         self._open = False

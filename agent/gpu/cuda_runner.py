@@ -1,18 +1,20 @@
-"""The CUDA path of the inference engine: fused kernels replayed as CUDA graphs.
+"""The CUDA path of the inference engine: one fused kernel a decision batch, replayed as a
+CUDA graph.
 
-Per decision batch of B rows padded to a bucket b in (1, 2, 4, ..., max_batch), one graph
-runs six kernels on the engine's stream:
+Per decision batch of B rows padded to a bucket b in (1, 2, 4, ..., max_batch), the bucket's
+graph runs one kernel (:mod:`agent.kernels.decide`): each thread block pushes its row into
+the slot's window and takes it through the encoder, both heads, Thompson and Kelly. Buckets up
+to :data:`LATENCY_BUCKET` rows use the forward's latency variant (weights staged in shared
+memory, every thread on every stage), larger ones the throughput variant.
 
-    window_push -> mamba_forward -> softmax_ev (C51) -> softmax_ev (return head) -> thompson -> kelly
+Inputs (feature rows, slots, health, positions, regime scale) and the output records live in
+pinned mapped host memory (:mod:`agent.gpu.pinned`) that the kernel reads and writes
+directly; windows, the per-slot counters (rows pushed, decisions made) and parameters stay on
+the device, and the kernel keeps the counters. Padded rows carry slot -1, which the kernel
+skips. A call writes the inputs, launches the bucket's graph between two events, waits for the
+second event and copies the output records once.
 
-Inputs (feature rows, slots, health, positions, regime scale, decision indices) and outputs
-(actions, targets, Q, return moments, Kelly fraction and size) live in pinned mapped host
-memory (:mod:`agent.gpu.pinned`) that the kernels read and write directly; windows,
-parameters and intermediate logits/probabilities stay on the device. Padded rows carry slot
--1, which every kernel skips. A call writes the inputs, launches the bucket's graph and
-synchronises the stream once.
-
-A model's buffer set (packed parameters, supports, scratch and its graphs) is built by
+A model's buffer set (packed parameters, supports and its graphs) is built by
 :meth:`CudaRunner.prepare` on a private stream (graph capture in relaxed mode), so a hot swap
 can be prepared while decisions run.
 """
@@ -27,26 +29,20 @@ import numpy.typing as npt
 
 from agent.gpu.errors import InferenceError
 from agent.gpu.pinned import MappedArray, mapped_empty
-from agent.gpu.runner import Batch, RawDecision
-from agent.kernels.kelly import kelly_launch
+from agent.gpu.runner import Batch, Costs, RawDecision, column_error
+from agent.kernels.decide import decide, decide_variant, out_dtype
 from agent.kernels.loader import cupy
-from agent.kernels.mamba_forward import mamba_forward, pack_params
-from agent.kernels.softmax_ev import softmax_ev
-from agent.kernels.thompson import thompson
-from agent.kernels.window_push import window_push
+from agent.kernels.mamba_forward import pack_params
 from agent.model.checkpoint import Checkpoint
 from agent.model.config import ModelConfig
 from agent.model.heads import ACTIONS, c51_support, return_bin_centres
 from agent.policy.config import PolicyConfig
 
-__all__ = ["CudaRunner", "batch_buckets"]
+__all__ = ["LATENCY_BUCKET", "CudaRunner", "batch_buckets"]
 
-N_ACTIONS = len(ACTIONS)
 LATENCY_BUCKET = 64
-"""Buckets up to this size run the fused forward's latency variant (more threads a window).
-Measured on the H200: one window 51.6 us with 512 threads vs 53.5 us with 256; 4096 windows
-956 us vs 743 us."""
-LATENCY_THREADS, THROUGHPUT_THREADS = 512, 256
+"""Buckets up to this size run the forward's latency variant (one block a multiprocessor:
+the H200's 132 hold 64 windows in one wave); larger ones the throughput variant."""
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -62,90 +58,54 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class _IO:
-    """Device views of a decision's inputs and outputs (B = max_batch rows)."""
+    """Pinned mapped inputs and outputs of max_batch rows: NumPy views for the host, CuPy views
+    of the same bytes for the kernel."""
 
-    rows: Any  # (B, F) float32 raw feature rows
-    slots: Any  # (B,) int32, -1 = padded row
-    push: Any  # (B,) uint8 healthy and finite
-    tradable: Any  # (B,) uint8
-    positions: Any  # (B,) int32
-    regime: Any  # (B,) float32
-    steps: Any  # (B,) uint64
-    push_valid: Any  # (B,) uint8 window push's own validity flags
-    action: Any  # (B,) int32
-    target: Any  # (B,) int32
-    q: Any  # (B, A) float32
-    ret_mean: Any  # (B,) float32
-    ret_var: Any  # (B,) float32
-    f_star: Any  # (B,) float64
-    size: Any  # (B,) float64
-    mean_return: Any  # (B,) float64
     host: dict[str, npt.NDArray[Any]]
-    """NumPy views of the same bytes (empty for device-only scratch)."""
-
-    @staticmethod
-    def _specs(rows: int, n_features: int) -> dict[str, tuple[tuple[int, ...], npt.DTypeLike]]:
-        return {
-            "rows": ((rows, n_features), np.float32),
-            "slots": ((rows,), np.int32),
-            "push": ((rows,), np.uint8),
-            "tradable": ((rows,), np.uint8),
-            "positions": ((rows,), np.int32),
-            "regime": ((rows,), np.float32),
-            "steps": ((rows,), np.uint64),
-            "push_valid": ((rows,), np.uint8),
-            "action": ((rows,), np.int32),
-            "target": ((rows,), np.int32),
-            "q": ((rows, N_ACTIONS), np.float32),
-            "ret_mean": ((rows,), np.float32),
-            "ret_var": ((rows,), np.float32),
-            "f_star": ((rows,), np.float64),
-            "size": ((rows,), np.float64),
-            "mean_return": ((rows,), np.float64),
-        }
+    device: dict[str, Any]
+    owners: tuple[MappedArray, ...]
+    """Keep the pinned allocations alive as long as the views."""
 
     @classmethod
     def mapped(cls, rows: int, n_features: int) -> _IO:
-        """Every array in pinned mapped host memory; inputs zeroed, every slot padded."""
-        arrays = {
-            name: mapped_empty(shape, dtype) for name, (shape, dtype) in cls._specs(rows, n_features).items()
+        """Inputs zeroed, every slot padded; outputs zeroed. The output records are bytes on
+        both sides (CuPy has no structured dtypes); the host views its copy as records."""
+        record = out_dtype(len(ACTIONS))
+        specs: dict[str, tuple[tuple[int, ...], npt.DTypeLike]] = {
+            "rows": ((rows, n_features), np.float32),
+            "slots": ((rows,), np.int32),
+            "healthy": ((rows,), np.bool_),
+            "positions": ((rows,), np.int32),
+            "regime": ((rows,), np.float32),
+            "out": ((rows, record.itemsize), np.uint8),
         }
+        arrays = {name: mapped_empty(shape, dtype) for name, (shape, dtype) in specs.items()}
         for buf in arrays.values():
             buf.host[...] = 0
         arrays["slots"].host[...] = -1
-        views = {name: buf.device for name, buf in arrays.items()}
         return cls(
-            **views, host={name: buf.host for name, buf in arrays.items()}, owners=tuple(arrays.values())
+            host={name: buf.host for name, buf in arrays.items()},
+            device={name: buf.device for name, buf in arrays.items()},
+            owners=tuple(arrays.values()),
         )
-
-    @classmethod
-    def scratch(cls, cp: Any, rows: int, n_features: int) -> _IO:
-        """Device-only arrays with every slot padded (kernel warm-up that changes nothing)."""
-        views = {
-            name: cp.zeros(shape, dtype=dtype)
-            for name, (shape, dtype) in cls._specs(rows, n_features).items()
-        }
-        views["slots"][...] = -1
-        return cls(**views, host={}, owners=())
-
-    owners: tuple[MappedArray, ...] = ()
-    """Keeps the pinned allocations alive as long as the views."""
 
 
 @dataclass(frozen=True, slots=True)
-class _CudaModel:
+class _Weights:
+    """A model's device constants."""
+
     config: ModelConfig
     packed: Any
     support: Any  # (atoms,) float32
     centres32: Any  # (bins,) float32
     centres64: Any  # (bins,) float64
-    q_logits: Any  # (max_batch, A * atoms)
-    ret_logits: Any  # (max_batch, bins)
-    q_probs: Any  # (max_batch * A, atoms)
-    q_var: Any  # (max_batch * A,), unused output of the C51 moments
-    ret_probs: Any  # (max_batch, bins)
-    values: Any  # (max_batch, A) Thompson draws
+
+
+@dataclass(frozen=True, slots=True)
+class _CudaModel:
+    weights: _Weights
     graphs: dict[int, Any]
+    """Bucket size -> its graph."""
 
 
 class CudaRunner:
@@ -157,137 +117,130 @@ class CudaRunner:
         n_features: int,
         tick_values: npt.NDArray[np.float64],
         policy: PolicyConfig,
+        *,
+        costs: Costs,
         max_batch: int,
     ) -> None:
         self._cp = cp = cupy()
         self.policy = policy
+        self.costs = costs
         self.max_batch = max_batch
         self.buckets = batch_buckets(max_batch)
+        # _bucket_of[n]: the smallest bucket holding n rows.
+        self._bucket_of = [next(b for b in self.buckets if b >= n) for n in range(max_batch + 1)]
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
             self.window = cp.zeros((tick_values.size, window, n_features), dtype=cp.float32)
+            self.bars = cp.zeros(tick_values.size, dtype=cp.uint64)  # rows pushed
+            self.decisions = cp.zeros(tick_values.size, dtype=cp.uint64)  # the next Thompson step
             self.tick_value = cp.asarray(tick_values, dtype=cp.float64)
         self.stream.synchronize()
         self.io = _IO.mapped(max_batch, n_features)
+        self._record = out_dtype(len(ACTIONS))
+        self._max_shared = int(  # cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+            cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
+        )
+        self._start = cp.cuda.Event()
+        self._done = cp.cuda.Event()
         self._open = True
 
     def prepare(self, checkpoint: Checkpoint) -> object:
         cp = self._cp
         cfg = checkpoint.config
-        m = self.max_batch
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
-            packed = cp.asarray(
-                pack_params(checkpoint.params, cfg, checkpoint.norm_mean, checkpoint.norm_std)
+            weights = _Weights(
+                cfg,
+                cp.asarray(pack_params(checkpoint.params, cfg, checkpoint.norm_mean, checkpoint.norm_std)),
+                c51_support(cfg, cp),
+                return_bin_centres(cfg, cp),
+                return_bin_centres(cfg, cp, np.float64),
             )
-            model = _CudaModel(
-                config=cfg,
-                packed=packed,
-                support=c51_support(cfg, cp),
-                centres32=return_bin_centres(cfg, cp),
-                centres64=return_bin_centres(cfg, cp, np.float64),
-                q_logits=cp.zeros((m, cfg.n_actions * cfg.n_atoms), dtype=cp.float32),
-                ret_logits=cp.zeros((m, cfg.return_bins), dtype=cp.float32),
-                q_probs=cp.zeros((m * cfg.n_actions, cfg.n_atoms), dtype=cp.float32),
-                q_var=cp.zeros(m * cfg.n_actions, dtype=cp.float32),
-                ret_probs=cp.zeros((m, cfg.return_bins), dtype=cp.float32),
-                values=cp.zeros((m, cfg.n_actions), dtype=cp.float32),
-                graphs={},
-            )
-            # Compile and load every kernel outside capture: a launch with every row padded
+            # Compile and load every variant outside capture: a launch with every row padded
             # (slot -1) on private scratch touches no shared state.
-            self._enqueue(model, m, _IO.scratch(cp, m, cfg.n_features))
+            scratch = {name: cp.zeros_like(view) for name, view in self.io.device.items()}
+            scratch["slots"][...] = -1
+            for bucket in (1, self.max_batch):
+                self._enqueue(weights, bucket, scratch)
             stream.synchronize()
+            graphs = {}
             for bucket in self.buckets:
                 stream.begin_capture()  # CuPy's default mode is relaxed
                 try:
-                    self._enqueue(model, bucket, self.io)
+                    self._enqueue(weights, bucket, self.io.device)
                 finally:
                     graph = stream.end_capture()
-                model.graphs[bucket] = graph
-        return model
+                graphs[bucket] = graph
+        return _CudaModel(weights, graphs)
 
-    def _enqueue(self, model: _CudaModel, n: int, io: _IO) -> None:
-        """Launch the decision kernels for rows [0, n) of ``io`` on the current stream."""
-        cfg = model.config
-        a, atoms = cfg.n_actions, cfg.n_atoms
-        slots = io.slots[:n]
-        window_push(self.window, io.rows[:n], slots, io.push[:n], valid=io.push_valid[:n])
-        mamba_forward(
-            model.packed,
+    def _enqueue(self, weights: _Weights, n: int, io: dict[str, Any]) -> None:
+        """Launch the decision kernel for rows [0, n) of ``io`` on the current stream."""
+        cfg = weights.config
+        decide(
+            weights.packed,
             cfg,
-            self.window,
-            slots,
-            q_logits=model.q_logits[:n],
-            ret_logits=model.ret_logits[:n],
-            threads=LATENCY_THREADS if n <= LATENCY_BUCKET else THROUGHPUT_THREADS,
-        )
-        softmax_ev(
-            model.q_logits[:n].reshape(n * a, atoms),
-            model.support,
-            probs=model.q_probs[: n * a],
-            mean=io.q[:n].reshape(n * a),
-            var=model.q_var[: n * a],
-        )
-        softmax_ev(
-            model.ret_logits[:n],
-            model.centres32,
-            probs=model.ret_probs[:n],
-            mean=io.ret_mean[:n],
-            var=io.ret_var[:n],
-        )
-        thompson(
-            model.q_probs[: n * a].reshape(n, a, atoms),
-            model.support,
-            self.policy.seed,
-            slots,
-            io.steps[:n],
-            action=io.action[:n],
-            value=model.values[:n],
-        )
-        kelly_launch(
-            model.ret_probs[:n],
-            model.centres64,
-            dir_src=io.action[:n],
-            dir_offset=1,
-            slots=slots,
+            decide_variant(cfg, n, LATENCY_BUCKET, self._max_shared),
+            support=weights.support,
+            centres32=weights.centres32,
+            centres64=weights.centres64,
+            window=self.window,
+            bars=self.bars,
+            steps=self.decisions,
             tick_value=self.tick_value,
-            regime=io.regime[:n],
-            valid=io.tradable[:n],
-            positions=io.positions[:n],
+            rows=io["rows"][:n],
+            slots=io["slots"][:n],
+            healthy=io["healthy"][:n],
+            positions=io["positions"][:n],
+            regime=io["regime"][:n],
             policy=self.policy,
-            target=io.target[:n],
-            size=io.size[:n],
-            f_star=io.f_star[:n],
-            mean_return=io.mean_return[:n],
+            fee_per_contract=self.costs.fee_per_contract,
+            spread_column=self.costs.spread_column,
+            out=io["out"][:n],
         )
 
     def run(self, model: object, batch: Batch) -> RawDecision:
         if not self._open:
             raise InferenceError("the engine is closed")
-        cuda_model = cast(_CudaModel, model)
+        graphs = cast(_CudaModel, model).graphs
         n = batch.slots.size
-        bucket = next(b for b in self.buckets if b >= n)
+        bucket = self._bucket_of[n]
         host = self.io.host
+        try:  # NumPy broadcasts a scalar column; a column of another length raises
+            host["positions"][:n] = batch.positions
+            host["regime"][:n] = batch.regime
+            host["healthy"][:n] = batch.healthy
+        except ValueError as exc:
+            raise column_error(n, exc) from None
         host["rows"][:n] = batch.features
         host["slots"][:n] = batch.slots
         host["slots"][n:bucket] = -1
-        host["push"][:n] = batch.push
-        host["tradable"][:n] = batch.tradable
-        host["positions"][:n] = batch.positions
-        host["regime"][:n] = batch.regime
-        host["steps"][:n] = batch.steps
-        cuda_model.graphs[bucket].launch(self.stream)
-        self.stream.synchronize()
+        self._start.record(self.stream)
+        graphs[bucket].launch(self.stream)
+        self._done.record(self.stream)
+        self._done.synchronize()
+        # One copy (bytearray: the cheapest writable one); the decision's arrays are its fields.
+        out = np.frombuffer(bytearray(host["out"][:n]), self._record)
         return RawDecision(
-            action=host["action"][:n].copy(),
-            target=host["target"][:n].copy(),
-            q=host["q"][:n].copy(),
-            ret_mean=host["ret_mean"][:n].copy(),
-            ret_var=host["ret_var"][:n].copy(),
-            f_star=host["f_star"][:n].copy(),
-            size=host["size"][:n].copy(),
+            action=out["action"],
+            direction=out["direction"],
+            target=out["target"],
+            valid=out["valid"],
+            q=out["q"],
+            ret_mean=out["ret_mean"],
+            ret_var=out["ret_var"],
+            f_star=out["f_star"],
+            size=out["size"],
+            regime_scale=out["regime_scale"],
+            step=out["step"],
         )
+
+    def steps(self) -> npt.NDArray[np.uint64]:
+        steps: npt.NDArray[np.uint64] = self.decisions.get(stream=self.stream)  # waits for the stream
+        return steps
+
+    def device_us(self) -> float | None:
+        """Device time of the last :meth:`run` (graph replay between its two events)."""
+        return float(self._cp.cuda.get_elapsed_time(self._start, self._done)) * 1e3
 
     def release(self) -> None:
         if self._open:

@@ -1,21 +1,23 @@
 """The batched inference engine: from one bar's feature rows to target positions.
 
 One :class:`InferenceEngine` serves a fixed set of instrument (or environment) *slots*. Per
-slot it owns the K-bar window of raw feature rows and the decision counter that keys the
-Thompson draws. :meth:`InferenceEngine.decide` takes a batch of slots with their new bar and
-returns a :class:`Decision` per row:
+slot its compute path owns the K-bar window of raw feature rows, the count of rows pushed and
+the decision counter that keys the Thompson draws. :meth:`InferenceEngine.decide` takes a
+batch of slots with their new bar and returns a :class:`Decision` per row:
 
     window push -> Mamba2 encoder -> C51 + return head -> Thompson action -> Kelly x regime size
 
-A row is *tradable* when its instrument is healthy, every feature is finite and the slot has
-seen at least K good bars; only tradable rows enter the window and get a sized target, other
-rows keep their current position (no new order) and say so in ``Decision.valid``.
+A row enters the window when its instrument is healthy and every feature is finite; it is
+*tradable* when it entered and the slot has seen at least K such bars. Only tradable rows get a
+sized target, other rows keep their current position (no new order) and say so in
+``Decision.valid``.
 
 Two paths compute the same maths (DESIGN section 6):
 
 * CPU (:mod:`agent.gpu.cpu_runner`): the model's NumPy forward and the policy references;
-* CUDA (:mod:`agent.gpu.cuda_runner`): fused kernels replayed as one CUDA graph per batch-size
-  bucket, inputs and outputs in pinned mapped host memory, one stream synchronisation a call.
+* CUDA (:mod:`agent.gpu.cuda_runner`): one fused kernel a batch (the whole chain, the
+  counters included), replayed as a CUDA graph per batch-size bucket, inputs and outputs in
+  pinned mapped host memory, one event synchronisation and one output copy a call.
 
 Hot swap: :meth:`InferenceEngine.load` prepares a new checkpoint in its own buffer set (packed
 parameters, scratch and graphs) while decisions continue, then switches it in under the lock
@@ -37,13 +39,15 @@ from agent.gpu.backend import Backend
 from agent.gpu.cpu_runner import CpuRunner
 from agent.gpu.cuda_runner import CudaRunner
 from agent.gpu.errors import GpuError, InferenceError, ModelLoadError
-from agent.gpu.runner import Batch, Runner
+from agent.gpu.runner import Batch, Costs, Runner
 from agent.model.checkpoint import Checkpoint
 from agent.model.heads import ACTIONS
 from agent.policy.config import PolicyConfig
-from agent.policy.kelly import regime_clamp
 
-__all__ = ["Decision", "InferenceEngine", "check_serving_shape"]
+__all__ = ["SPREAD_FEATURE", "Decision", "InferenceEngine", "check_serving_shape", "spread_column"]
+
+SPREAD_FEATURE = "spread_ticks"
+"""The raw input feature the sizing's cost gate reads (spread of the bar-close book, ticks)."""
 
 MAX_BINS = 64
 """Return bins the sizing kernel handles."""
@@ -82,6 +86,16 @@ class Decision:
     """The checkpoint that made these decisions."""
 
 
+def spread_column(checkpoint: Checkpoint) -> int:
+    """The input column holding the book's spread in ticks (the sizing's cost gate reads it)."""
+    try:
+        return list(checkpoint.feature_names).index(SPREAD_FEATURE)
+    except ValueError:
+        raise ModelLoadError(
+            f"checkpoint {checkpoint.sha256[:12]} has no {SPREAD_FEATURE!r} input: the sizing needs it"
+        ) from None
+
+
 def check_serving_shape(checkpoint: Checkpoint, window: int, n_features: int) -> None:
     """Raise :class:`ModelLoadError` unless the engine can serve ``checkpoint``."""
     cfg = checkpoint.config
@@ -106,6 +120,8 @@ class InferenceEngine:
         checkpoint: the model to serve first (fixes K and F for the engine's life).
         policy: Thompson seed and Kelly sizing settings.
         tick_values: currency value of one tick of one contract, per slot.
+        fee_per_contract: the broker's fee per contract and leg (currency): with the spread of
+            each row's book (its ``spread_ticks`` feature) the cost per leg the sizing must clear.
         backend: from :func:`agent.gpu.backend.select_backend`.
         max_batch: most rows in one :meth:`decide` call (CUDA graphs exist for the
             power-of-two buckets 1, 2, 4, ... up to it).
@@ -119,6 +135,7 @@ class InferenceEngine:
         policy: PolicyConfig,
         tick_values: Sequence[float],
         *,
+        fee_per_contract: float,
         backend: Backend,
         max_batch: int = 64,
     ) -> None:
@@ -127,15 +144,16 @@ class InferenceEngine:
             raise ModelLoadError("tick_values must be a non-empty list of positive numbers (one per slot)")
         if max_batch < 1:
             raise ModelLoadError(f"max_batch must be >= 1, got {max_batch}")
+        if not (np.isfinite(fee_per_contract) and fee_per_contract >= 0):
+            raise ModelLoadError(f"fee_per_contract must be a number >= 0, got {fee_per_contract}")
         cfg = checkpoint.config
+        self.spread_column = spread_column(checkpoint)
         self.backend = backend
         self.policy = policy
         self.max_batch = max_batch
         self.window = cfg.window
         self.n_features = cfg.n_features
         self.tick_values = ticks
-        self._bars = np.zeros(ticks.size, dtype=np.int64)
-        self._steps = np.zeros(ticks.size, dtype=np.uint64)
         self._mark = np.zeros(ticks.size, dtype=np.int64)
         self._rows = np.arange(max_batch, dtype=np.int64)
         self._lock = threading.Lock()
@@ -145,6 +163,7 @@ class InferenceEngine:
             n_features=cfg.n_features,
             tick_values=ticks,
             policy=policy,
+            costs=Costs(fee_per_contract, self.spread_column),
             max_batch=max_batch,
         )
         self._model, self._sha = self._prepare(checkpoint)
@@ -161,10 +180,15 @@ class InferenceEngine:
     def decision_index(self) -> npt.NDArray[np.uint64]:
         """Copy of the per-slot decision counters (the next decision's Thompson step)."""
         with self._lock:
-            return self._steps.copy()
+            return self._runner.steps()
 
     def _prepare(self, checkpoint: Checkpoint) -> tuple[object, str]:
         check_serving_shape(checkpoint, self.window, self.n_features)
+        if spread_column(checkpoint) != self.spread_column:
+            raise ModelLoadError(
+                f"checkpoint {checkpoint.sha256[:12]} reads the spread at input column "
+                f"{spread_column(checkpoint)}, this engine at {self.spread_column}"
+            )
         try:
             return self._runner.prepare(checkpoint), checkpoint.sha256
         except ModelLoadError:
@@ -207,25 +231,27 @@ class InferenceEngine:
                 raw = self._runner.run(self._model, batch)
             except Exception as exc:
                 raise InferenceError(f"decision batch of {batch.slots.size} rows failed: {exc}") from exc
-            self._bars[batch.slots] += batch.push
-            self._steps[batch.slots] += np.uint64(1)
-            valid = batch.tradable
-            scale = regime_clamp(batch.regime, self.policy.scale_floor)
             return Decision(
                 slots=batch.slots,
                 action=raw.action,
-                direction=(raw.action - 1).astype(np.int8),
+                direction=raw.direction,
                 target=raw.target,
-                valid=valid,
+                valid=raw.valid,
                 q=raw.q,
                 ret_mean_ticks=raw.ret_mean,
                 ret_var_ticks=raw.ret_var,
                 kelly_f=raw.f_star,
                 size=raw.size,
-                regime_scale=scale,
-                step=batch.steps,
+                regime_scale=raw.regime_scale,
+                step=raw.step,
                 model_sha256=self._sha,
             )
+
+    def device_us(self) -> float | None:
+        """Device time of the last :meth:`decide` call in microseconds (None on the CPU path):
+        the call's time less this is the host's share (``bench infer``'s ``host_us``)."""
+        with self._lock:
+            return self._runner.device_us()
 
     def _batch(
         self,
@@ -235,34 +261,26 @@ class InferenceEngine:
         regime_scale: npt.ArrayLike,
         healthy: npt.ArrayLike,
     ) -> Batch:
+        """Check the slots and the feature rows (nothing is changed when this raises); the
+        runner broadcasts and checks the per-row columns as it writes them."""
         s = np.asarray(slots)
-        if s.ndim != 1 or not 1 <= s.size <= self.max_batch or not np.issubdtype(s.dtype, np.integer):
+        n = s.size
+        if s.ndim != 1 or not 1 <= n <= self.max_batch or s.dtype.kind not in "iu":
             raise InferenceError(
                 f"slots must be 1 to {self.max_batch} integers, got shape {s.shape} {s.dtype}"
             )
-        n = s.size
         if s.min() < 0 or s.max() >= self.n_slots:
             raise InferenceError(f"slot out of range [0, {self.n_slots})")
+        s32 = s.astype(np.int32)
         if n > 1:
             mark = self._mark  # O(B) duplicate check: a repeated slot keeps only its last row index
-            mark[s] = self._rows[:n]
-            if not np.array_equal(mark[s], self._rows[:n]):
+            mark[s32] = self._rows[:n]
+            if not np.array_equal(mark[s32], self._rows[:n]):
                 raise InferenceError("a slot appears twice in one decision batch")
         f = np.asarray(features, dtype=np.float32)
         if f.shape != (n, self.n_features):
             raise InferenceError(f"features must be ({n}, {self.n_features}), got {f.shape}")
-        try:
-            pos = np.broadcast_to(np.asarray(positions, dtype=np.int32), (n,))
-            regime = np.broadcast_to(np.asarray(regime_scale, dtype=np.float32), (n,))
-            ok = np.broadcast_to(np.asarray(healthy, dtype=bool), (n,))
-        except ValueError as exc:
-            raise InferenceError(
-                f"positions, regime_scale and healthy must have {n} entries: {exc}"
-            ) from None
-        s32 = s.astype(np.int32)
-        push = ok & np.isfinite(f.sum(axis=1))  # NaN/inf anywhere (or an overflowing row) rejects it
-        tradable = push & (self._bars[s32] + 1 >= self.window)
-        return Batch(s32, f, pos, regime, push, tradable, self._steps[s32])
+        return Batch(s32, f, positions, regime_scale, healthy)
 
     def close(self) -> None:
         """Free device resources; the engine cannot decide afterwards (also when this raises).
@@ -285,8 +303,9 @@ def _make_runner(
     n_features: int,
     tick_values: npt.NDArray[np.float64],
     policy: PolicyConfig,
+    costs: Costs,
     max_batch: int,
 ) -> Runner:
     if backend.is_cuda:
-        return CudaRunner(window, n_features, tick_values, policy, max_batch)
-    return CpuRunner(window, n_features, tick_values, policy)
+        return CudaRunner(window, n_features, tick_values, policy, costs=costs, max_batch=max_batch)
+    return CpuRunner(window, n_features, tick_values, policy, costs)

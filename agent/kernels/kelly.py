@@ -17,7 +17,8 @@ from agent.policy.kelly import kelly_size_ref
 __all__ = ["MAX_BINS", "kelly_launch", "kelly_size", "kelly_size_ref"]
 
 MAX_BINS = 64
-_THREADS = 128
+_WARPS = 4
+"""Rows per thread block (one warp a row)."""
 
 
 def kelly_launch(
@@ -31,7 +32,9 @@ def kelly_launch(
     regime: Any,
     valid: Any,
     positions: Any,
+    spread: Any,
     policy: PolicyConfig,
+    fee_per_contract: float,
     target: Any,
     size: Any,
     f_star: Any,
@@ -48,8 +51,8 @@ def kelly_launch(
     if bins > MAX_BINS:
         raise ValueError(f"kelly_size handles at most {MAX_BINS} return bins, got {bins}")
     kernel("kelly.cu", "kelly_kernel", options=("--fmad=false",))(
-        ((rows + _THREADS - 1) // _THREADS,),
-        (_THREADS,),
+        ((rows + _WARPS - 1) // _WARPS,),
+        (32 * _WARPS,),
         (
             ret_probs,
             bin_ticks,
@@ -61,9 +64,12 @@ def kelly_launch(
             regime,
             valid,
             positions,
+            spread,
+            cp.int32(spread.strides[0] // spread.itemsize),
             cp.int32(rows),
             cp.float64(policy.capital_per_contract),
-            cp.float64(policy.cost_per_contract / policy.capital_per_contract),
+            cp.float64(fee_per_contract),
+            cp.float64(policy.min_edge_ticks),
             cp.float64(policy.kelly_fraction),
             cp.float64(policy.scale_floor),
             cp.int32(policy.max_contracts),
@@ -82,7 +88,10 @@ def kelly_size(
     tick_value: Any,
     regime_scale: Any,
     *,
+    spread_ticks: Any,
+    position: Any,
     policy: PolicyConfig,
+    fee_per_contract: float,
 ) -> tuple[Any, Any, Any, Any]:
     """Device twin of :func:`kelly_size_ref` on CuPy arrays of the same shapes.
 
@@ -101,8 +110,10 @@ def kelly_size(
         tick_value=cp.ascontiguousarray(tick_value, dtype=cp.float64),
         regime=cp.ascontiguousarray(regime_scale, dtype=cp.float32),
         valid=cp.ones(rows, dtype=cp.uint8),
-        positions=cp.zeros(rows, dtype=cp.int32),
+        positions=cp.ascontiguousarray(position, dtype=cp.int32),
+        spread=cp.ascontiguousarray(spread_ticks, dtype=cp.float32).reshape(rows, 1),
         policy=policy,
+        fee_per_contract=fee_per_contract,
         target=target,
         size=size,
         f_star=f_star,

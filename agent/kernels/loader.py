@@ -50,7 +50,7 @@ def kernel(file: str, name: str, *, options: tuple[str, ...] = ()) -> Any:
     """The compiled ``__global__`` function ``name`` of ``file`` (a ``cupy.RawKernel``).
 
     Args:
-        file: source file name in this package, e.g. ``"window_push.cu"``.
+        file: source file name in this package, e.g. ``"decide.cu"``.
         name: ``extern "C"`` kernel name.
         options: extra NVRTC options (e.g. ``("--fmad=false",)`` where bit parity with the
             NumPy reference matters); each distinct set compiles its own module.

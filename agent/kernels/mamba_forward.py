@@ -22,16 +22,48 @@ from agent.model.config import ModelConfig
 from agent.model.network import forward
 from agent.model.params import block_prefix, param_shapes
 
-__all__ = ["VARIANTS", "ForwardLayout", "forward_layout", "mamba_forward", "mamba_forward_ref", "pack_params"]
+__all__ = [
+    "LATENCY",
+    "THROUGHPUT",
+    "VARIANTS",
+    "ForwardLayout",
+    "Variant",
+    "compiled",
+    "forward_layout",
+    "mamba_forward",
+    "mamba_forward_ref",
+    "pack_params",
+    "shared_bytes",
+]
 
-VARIANTS = {256: 8, 512: 4}
-"""Threads per block -> time steps per matmul tile: 512 threads for latency at small batches,
-256 for throughput at large ones (more weight reuse per load, more blocks per SM)."""
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One compiled form of the forward (``mamba_forward.cuh``)."""
+
+    name: str
+    threads: int
+    """Threads per block (one window per block)."""
+    tile: int
+    """Time steps per matmul work item where weights are not staged."""
+    staged: bool
+    """Weights copied into shared memory stage by stage (one block a multiprocessor)."""
+
+    def options(self) -> tuple[str, ...]:
+        return (f"-DMF_THREADS={self.threads}", f"-DMF_TG={self.tile}", f"-DMF_STAGE={int(self.staged)}")
+
+
+LATENCY = Variant("latency", 512, 4, staged=True)
+"""Small batches: every thread of the block on every stage, weights staged with cp.async."""
+THROUGHPUT = Variant("throughput", 256, 8, staged=False)
+"""Large batches: weights through L1, longer row tiles (more reuse per load), two blocks a
+multiprocessor."""
+VARIANTS = {v.name: v for v in (LATENCY, THROUGHPUT)}
 _ALIGN = 4
 """Every tensor starts on a 16-byte boundary (float4 loads in the kernel)."""
 
 
-_OPTED_IN: set[tuple[str, ...]] = set()
+_OPTED_IN: set[tuple[str, tuple[str, ...]]] = set()
 
 
 def _aligned(pos: int) -> int:
@@ -47,8 +79,10 @@ class ForwardLayout:
     """Global offsets (``OFF_*``) and offsets inside one block (``BLK_*``, plus BLK_STRIDE)."""
     total: int
     """Length of the packed buffer (floats)."""
-    shared_bytes: int
-    """Dynamic shared memory per thread block."""
+    shared_floats: int
+    """Dynamic shared memory per thread block without staged weights (floats)."""
+    staged_floats: int
+    """Dynamic shared memory per thread block with staged weights (floats)."""
     options: tuple[str, ...]
     """NVRTC ``-D`` options that fix the shapes and offsets."""
 
@@ -105,10 +139,23 @@ def forward_layout(cfg: ModelConfig) -> ForwardLayout:
         "MF_W": cfg.d_conv,
         "MF_NQ": n_q,
         "MF_NR": n_r,
+        "MF_A": cfg.n_actions,
+        "MF_ATOMS": cfg.n_atoms,
     }
     options = tuple(f"-D{k}={v}" for k, v in (dims | offsets).items())
-    shared = 4 * (2 * cfg.window * d + cfg.window * cfg.in_proj_dim)
-    return ForwardLayout(offsets, pos, shared, options)
+    k, ip = cfg.window, cfg.in_proj_dim
+    # The SM_* layout of mamba_forward.cuh: activations, logits and probabilities, then the
+    # staged in_proj, out_proj (or embedding) and head weights.
+    heads = _aligned(n_q) + _aligned(n_r)
+    shared = 2 * _aligned(k * d) + _aligned(k * max(ip, f)) + 2 * heads
+    staged = shared + _aligned(d * ip) + _aligned(max(di * d, f * d)) + _aligned(d * n_q) + _aligned(d * n_r)
+    return ForwardLayout(offsets, pos, shared, staged, options)
+
+
+def shared_bytes(cfg: ModelConfig, variant: Variant) -> int:
+    """Dynamic shared memory of one block of ``variant``."""
+    layout = forward_layout(cfg)
+    return 4 * (layout.staged_floats if variant.staged else layout.shared_floats)
 
 
 def pack_params(
@@ -184,30 +231,31 @@ def mamba_forward(
     *,
     q_logits: Any = None,
     ret_logits: Any = None,
-    threads: int = 256,
+    variant: Variant = THROUGHPUT,
 ) -> tuple[Any, Any]:
     """Device forward (CuPy): packed (total,) float32 from :func:`pack_params` (on the device),
     window (S, K, F) float32, slots (B,) int32 (negative: padded row, outputs unwritten).
 
     Returns q_logits (B, A * atoms) and ret_logits (B, bins), float32; outputs may be
-    preallocated (the engine passes its own buffers). ``threads`` picks a variant of
-    :data:`VARIANTS`.
+    preallocated. The engine runs the same forward inside :func:`agent.kernels.decide.decide`.
     """
     cp = cupy()
-    layout = forward_layout(cfg)
     rows = slots.shape[0]
     q_logits = cp.empty((rows, cfg.n_actions * cfg.n_atoms), cp.float32) if q_logits is None else q_logits
     ret_logits = cp.empty((rows, cfg.return_bins), cp.float32) if ret_logits is None else ret_logits
-    options = (*layout.options, f"-DMF_THREADS={threads}", f"-DMF_TG={VARIANTS[threads]}")
-    fn = kernel("mamba_forward.cu", "mamba_forward_kernel", options=options)
-    if options not in _OPTED_IN:  # above 48 KiB of shared memory a kernel must opt in, once
-        fn.max_dynamic_shared_size_bytes = layout.shared_bytes
-        _OPTED_IN.add(options)
+    fn, shared = compiled("mamba_forward.cu", "mamba_forward_kernel", cfg, variant)
     if rows:
-        fn(
-            (rows,),
-            (threads,),
-            (packed, window, slots, q_logits, ret_logits),
-            shared_mem=layout.shared_bytes,
-        )
+        fn((rows,), (variant.threads,), (packed, window, slots, q_logits, ret_logits), shared_mem=shared)
     return q_logits, ret_logits
+
+
+def compiled(file: str, name: str, cfg: ModelConfig, variant: Variant) -> tuple[Any, int]:
+    """Kernel ``name`` of ``file`` (which includes ``mamba_forward.cuh``) compiled for ``cfg``
+    and ``variant``, opted in to its dynamic shared memory; and that many bytes."""
+    options = (*forward_layout(cfg).options, *variant.options())
+    fn = kernel(file, name, options=options)
+    shared = shared_bytes(cfg, variant)
+    if (file, options) not in _OPTED_IN:  # above 48 KiB of shared memory a kernel must opt in, once
+        fn.max_dynamic_shared_size_bytes = shared
+        _OPTED_IN.add((file, options))
+    return fn, shared

@@ -1,4 +1,5 @@
-"""Window push: ``window_push()`` (``window_push.cu``) and ``window_push_ref()``.
+"""Window push: ``window_push_ref()``, the reference of the push at the start of
+``decide.cu`` (the engine's kernel) and the CPU engine's own push.
 
 Each instrument or environment slot owns a (K, F) window of raw feature rows, oldest first.
 A push shifts the slot's window left by one bar and writes the new row at K-1, for the valid
@@ -8,16 +9,10 @@ finite; an invalid row leaves its window untouched (it never reaches the model).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import numpy.typing as npt
 
-from agent.kernels.loader import cupy, kernel
-
-__all__ = ["window_push", "window_push_ref"]
-
-_THREADS = 128
+__all__ = ["window_push_ref"]
 
 
 def window_push_ref(
@@ -34,23 +29,4 @@ def window_push_ref(
     target = s[valid]
     window[target, :-1] = window[target, 1:]
     window[target, -1] = r[valid]
-    return valid
-
-
-def window_push(window: Any, rows: Any, slots: Any, healthy: Any, *, valid: Any = None) -> Any:
-    """Device version (CuPy), in place: window (S, K, F) float32, rows (B, F) float32, slots (B,)
-    int32, healthy (B,) uint8. Returns valid (B,) uint8 (rows with a negative slot: unwritten)."""
-    cp = cupy()
-    n_rows, n_features = rows.shape
-    _, k, f = window.shape
-    if f != n_features:
-        raise ValueError(f"window has {f} features per bar, rows have {n_features}")
-    valid = cp.empty(n_rows, dtype=cp.uint8) if valid is None else valid
-    if n_rows:
-        kernel("window_push.cu", "window_push_kernel")(
-            (n_rows,),
-            (_THREADS,),
-            (window, rows, slots, healthy, cp.int32(k), cp.int32(f), valid),
-            shared_mem=(k - 1) * f * 4,
-        )
     return valid

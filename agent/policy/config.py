@@ -7,6 +7,7 @@ out in ``config/defaults.toml``. Invalid values are rejected when the configurat
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import msgspec
 
@@ -16,10 +17,17 @@ __all__ = ["PolicyConfig"]
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How an action distribution becomes a target position (DESIGN section 7).
 
-    Units: ``capital_per_contract`` and ``cost_per_contract`` are in the account currency; a
-    return bin of ``t`` ticks is the simple return ``t * tick_value / capital_per_contract``.
+    Units: ``capital_per_contract`` is in the account currency; a return bin of ``t`` ticks is
+    the simple return ``t * tick_value / capital_per_contract``. The round-trip cost the sizing
+    must clear is not a setting: it is the instrument's own, half the spread at the decision's
+    book plus the broker's fee per leg (:func:`agent.policy.kelly.leg_cost`).
     """
 
+    selection: Literal["thompson", "greedy"] = "thompson"
+    """How the action is chosen from the C51 distributions: ``thompson`` draws one return per
+    action and takes the best draw (exploration in proportion to the model's uncertainty);
+    ``greedy`` takes the best expected Q (ties to the lowest action). Every path that trades the
+    model (the daemon, both backtests, the trainer's as-traded evaluation) uses this setting."""
     seed: int = 0
     """Philox key of the Thompson draws: with the instrument slot and its decision index it
     makes every action reproducible in replay (0 <= seed < 2**64)."""
@@ -29,9 +37,9 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     """Capital allotted to one contract (currency); Kelly fractions are of this capital."""
     max_contracts: int = 1
     """Position at full size and full regime scale (contracts)."""
-    cost_per_contract: float = 5.0
-    """Round-trip cost of one contract (fees plus expected slippage, currency). A trade needs
-    an expected return above it, else the policy stays flat."""
+    min_edge_ticks: float = 0.1
+    """A trade needs an expected next-horizon move (ticks, in the chosen direction) above the
+    instrument's round-trip cost by at least this margin, else the policy stays flat."""
     scale_floor: float = 0.1
     """Lower bound of the regime scale in (0, 1]; a scale below it (or not finite) is raised
     to it."""
@@ -45,7 +53,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
             raise ValueError("capital_per_contract must be a positive number")
         if self.max_contracts < 0:
             raise ValueError("max_contracts must be >= 0")
-        if not (math.isfinite(self.cost_per_contract) and self.cost_per_contract >= 0):
-            raise ValueError("cost_per_contract must be a number >= 0")
+        if not (math.isfinite(self.min_edge_ticks) and self.min_edge_ticks >= 0):
+            raise ValueError("min_edge_ticks must be a number >= 0")
         if not 0 < self.scale_floor <= 1:
             raise ValueError("scale_floor must be in (0, 1]")

@@ -10,10 +10,26 @@ by safeguarded Newton (start mu / E[R^2], a step leaving the bracket goes halfwa
 it violates, at most 20 iterations); G is concave so G' is monotone and the bracket always
 holds the root. ``mu / sigma^2`` is only its small-return approximation. Then
 
-    size   = clip(kelly_fraction * f*, 0, 1)
-    target = d * floor(size * clamp(regime, scale_floor, 1) * max_contracts)
+    size      = clip(kelly_fraction * f*, 0, 1)
+    contracts = min(max_contracts, max(1, floor(size * regime * max_contracts + 1/2)))
+    target    = d * contracts
 
-and the policy stays flat when the expected return does not cover the round-trip cost.
+**Cost gate.** A view is only taken when it pays for itself, leg by leg, as the paper broker
+and the training environment charge: a leg (a position change of one contract's worth) costs
+:func:`leg_cost`, half the spread of the decision's book plus the broker's fee. Opening from
+flat is one leg, reversing two, keeping the position's direction none: ``mu`` must exceed
+``legs * leg_cost`` plus ``min_edge_ticks`` when there is a leg to pay, and only be positive to
+keep a position. The exit leg is not charged at entry: it is paid when the view changes, and
+that decision passes the same gate then. Without the hysteresis a view hovering at the cost
+would churn in and out, paying two legs each time; charging the whole round trip at entry
+against a one-horizon return would almost never let a short-horizon view open at all.
+
+**Rounding.** Round to nearest, with at least one contract once the gate passed: the gate
+decides *whether* the model's view is expressed, Kelly and the regime scale decide *how much*
+beyond the first contract. A floor would turn every regime scale below 1 into flat at
+``max_contracts = 1`` (the regime could then switch the policy off without any view change);
+at one contract the regime cannot shrink a position without removing it, so it scales only
+the contracts above the first.
 This module is the CPU path and the reference of ``agent/kernels/kelly.cu``.
 """
 
@@ -26,7 +42,15 @@ import numpy.typing as npt
 
 from agent.policy.config import PolicyConfig
 
-__all__ = ["MAX_NEWTON_ITERATIONS", "KellySizing", "kelly_fraction_exact", "kelly_size_ref", "regime_clamp"]
+__all__ = [
+    "MAX_NEWTON_ITERATIONS",
+    "KellySizing",
+    "contracts_of",
+    "kelly_fraction_exact",
+    "kelly_size_ref",
+    "leg_cost",
+    "regime_clamp",
+]
 
 MAX_NEWTON_ITERATIONS = 20
 _TOL = 1e-12
@@ -112,6 +136,24 @@ def regime_clamp(regime_scale: npt.ArrayLike, scale_floor: float) -> npt.NDArray
     return np.clip(np.where(np.isfinite(raw), raw, scale_floor), scale_floor, 1.0)
 
 
+def leg_cost(
+    spread_ticks: npt.ArrayLike, tick_value: npt.ArrayLike, fee_per_contract: float
+) -> npt.NDArray[np.float64]:
+    """Currency cost of one leg of one contract (buying or selling it at the touch): half the
+    spread plus the fee; NaN or negative spreads give +inf (no trade on a book without one)."""
+    spread = np.asarray(spread_ticks, dtype=np.float64)
+    cost = 0.5 * spread * np.asarray(tick_value, dtype=np.float64) + fee_per_contract
+    return np.where(np.isfinite(spread) & (spread >= 0), cost, np.inf)
+
+
+def contracts_of(size: npt.ArrayLike, scale: npt.ArrayLike, max_contracts: int) -> npt.NDArray[np.int64]:
+    """Contracts for Kelly ``size`` (> 0 once the cost gate passed) at regime ``scale``: round to
+    nearest, at least 1, at most ``max_contracts`` (see the module docstring); 0 where size is 0."""
+    s = np.asarray(size, dtype=np.float64)
+    n = np.floor(s * np.asarray(scale, dtype=np.float64) * max_contracts + 0.5)
+    return np.where(s > 0, np.clip(n, min(1, max_contracts), max_contracts), 0).astype(np.int64)
+
+
 def kelly_size_ref(
     ret_probs: npt.ArrayLike,
     bin_ticks: npt.ArrayLike,
@@ -119,7 +161,10 @@ def kelly_size_ref(
     tick_value: npt.ArrayLike,
     regime_scale: npt.ArrayLike,
     *,
+    spread_ticks: npt.ArrayLike,
+    position: npt.ArrayLike,
     policy: PolicyConfig,
+    fee_per_contract: float,
 ) -> KellySizing:
     """Target positions from the return head.
 
@@ -129,21 +174,29 @@ def kelly_size_ref(
         direction: (B,) chosen direction in {-1, 0, +1}.
         tick_value: (B,) currency value of one tick of one contract of each row's instrument.
         regime_scale: (B,) regime scale; clamped to [scale_floor, 1], non-finite -> scale_floor.
+        spread_ticks: (B,) spread of the decision's book in ticks (the cost gate's spread).
+        position: (B,) current position in contracts (the legs the direction costs).
         policy: the sizing settings.
+        fee_per_contract: the broker's fee per contract and leg (currency).
     """
     p = np.asarray(ret_probs, dtype=np.float64)
     d = np.asarray(direction, dtype=np.float64)
     ticks = np.asarray(bin_ticks, dtype=np.float64)
-    per_tick = np.asarray(tick_value, dtype=np.float64) / policy.capital_per_contract
+    tv = np.asarray(tick_value, dtype=np.float64)
+    per_tick = tv / policy.capital_per_contract
     returns = d[:, None] * ticks[None, :] * per_tick[:, None]
     total = p.sum(axis=1)
     mean = np.divide((p * returns).sum(axis=1), total, out=np.zeros_like(total), where=total > 0)
-    cost = policy.cost_per_contract / policy.capital_per_contract
-    trade = (d != 0) & (mean > cost)
+    legs = np.abs(d - np.sign(np.asarray(position, dtype=np.float64)))
+    leg = leg_cost(spread_ticks, tv, fee_per_contract)
+    paying = legs > 0
+    charged = np.where(paying, legs, 1.0) * leg + policy.min_edge_ticks * tv  # inf * 0 never formed
+    required = np.where(paying, charged, 0.0) / policy.capital_per_contract
+    trade = (d != 0) & (mean > required)
     f_star = np.zeros_like(mean)
     if trade.any():
         f_star[trade] = kelly_fraction_exact(returns[trade], p[trade])
     size = np.clip(policy.kelly_fraction * f_star, 0.0, 1.0)
     scale = regime_clamp(regime_scale, policy.scale_floor)
-    target = (d * np.floor(size * scale * policy.max_contracts)).astype(np.int32)
+    target = (d * contracts_of(size, scale, policy.max_contracts)).astype(np.int32)
     return KellySizing(target, size, f_star, mean, scale)

@@ -1,4 +1,5 @@
-"""Thompson action choice over C51 distributions (ALGORITHMS.md section 3), NumPy reference.
+"""Action choice over C51 distributions (ALGORITHMS.md section 3), NumPy reference: Thompson
+sampling (the default ``policy.selection``) and the greedy choice.
 
 For each row and action one atom is drawn from the action's categorical distribution by the
 inverse CDF, with one Philox uniform per action; the action with the largest drawn value wins,
@@ -17,7 +18,7 @@ import numpy.typing as npt
 
 from agent.policy.philox import Purpose, philox_uniforms
 
-__all__ = ["MAX_ACTIONS", "ThompsonDraw", "thompson_ref"]
+__all__ = ["MAX_ACTIONS", "ThompsonDraw", "greedy_ref", "thompson_ref"]
 
 MAX_ACTIONS = 4
 """One Philox call gives four uniforms: the action set is at most four actions."""
@@ -58,3 +59,10 @@ def thompson_ref(
     j = np.where(above.any(axis=2), np.argmax(above, axis=2), n_atoms - 1)  # first j with CDF[j] > t
     value = z[j]
     return ThompsonDraw(np.argmax(value, axis=1).astype(np.int32), value)
+
+
+def greedy_ref(q: npt.ArrayLike) -> npt.NDArray[np.int32]:
+    """(B,) action with the largest expected Q of each row of ``q`` (B, A), ties to the lowest
+    action index (``policy.selection = "greedy"``; ``decide.cu`` takes the argmax of its own Q)."""
+    action: npt.NDArray[np.int32] = np.argmax(np.asarray(q), axis=1).astype(np.int32)
+    return action

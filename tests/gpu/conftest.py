@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from agent.gpu.backend import cuda_probe
+from agent.gpu.engine import SPREAD_FEATURE
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.config import ModelConfig
 from agent.model.params import init_params
@@ -55,7 +56,7 @@ def make_checkpoint(cfg: ModelConfig = SMALL, seed: int = 0, *, scale: float = 1
     data = checkpoint_to_bytes(
         params,
         cfg,
-        feature_names=[f"f{i}" for i in range(cfg.n_features)],
+        feature_names=[SPREAD_FEATURE if i == 2 else f"f{i}" for i in range(cfg.n_features)],
         norm_mean=mean,
         norm_std=std,
         metadata={"seed": seed},

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -26,13 +27,21 @@ from agent.policy.thompson import thompson_ref
 from tests.gpu.conftest import SMALL, make_checkpoint
 
 POLICY = PolicyConfig(
-    seed=99, kelly_fraction=0.5, capital_per_contract=500.0, max_contracts=5, cost_per_contract=0.5
+    seed=99, kelly_fraction=0.5, capital_per_contract=500.0, max_contracts=5, min_edge_ticks=0.1
 )
+FEE = 0.5
 TICKS = [12.5, 5.0, 50.0, 12.5, 10.0, 12.5]
 
 
 def engine(ck: Checkpoint, device: str = "cpu", max_batch: int = 8) -> InferenceEngine:
-    return InferenceEngine(ck, POLICY, TICKS, backend=select_backend(device), max_batch=max_batch)  # type: ignore[arg-type]
+    return InferenceEngine(
+        ck,
+        POLICY,
+        TICKS,
+        fee_per_contract=FEE,
+        backend=select_backend(device),  # type: ignore[arg-type]
+        max_batch=max_batch,
+    )
 
 
 def bars(seed: int, n_bars: int, rows: int, n_features: int = SMALL.n_features) -> np.ndarray:
@@ -68,10 +77,38 @@ def test_warm_up_then_decisions_follow_the_reference_pipeline() -> None:
     np.testing.assert_array_equal(last.action, draw.action)
     np.testing.assert_array_equal(last.direction, draw.action - 1)
     sizing = kelly_size_ref(
-        r_probs, centres, draw.action - 1, np.array(TICKS)[slots], np.full(3, 0.8), policy=POLICY
+        r_probs,
+        centres,
+        draw.action - 1,
+        np.array(TICKS)[slots],
+        np.full(3, 0.8),
+        spread_ticks=history[-1][:, 2],  # the spread column of the checkpoint's inputs
+        position=np.zeros(3),
+        policy=POLICY,
+        fee_per_contract=FEE,
     )
     np.testing.assert_array_equal(last.target, sizing.target)
     assert last.model_sha256 == ck.sha256
+
+
+def test_greedy_selection_takes_the_best_expected_q() -> None:
+    ck = make_checkpoint(seed=1, scale=3.0)
+    history = bars(2, SMALL.window + 6, 3)
+    thompson = feed(engine(ck), history, [4, 0, 2])
+    greedy_engine = InferenceEngine(
+        ck,
+        msgspec.structs.replace(POLICY, selection="greedy"),
+        TICKS,
+        fee_per_contract=FEE,
+        backend=select_backend("cpu"),
+        max_batch=8,
+    )
+    greedy = feed(greedy_engine, history, [4, 0, 2])
+    for t, g in zip(thompson, greedy, strict=True):
+        np.testing.assert_array_equal(g.q, t.q)  # the same model outputs ...
+        np.testing.assert_array_equal(g.action, np.argmax(g.q, axis=1))  # ... chosen by their mean
+    # Thompson's draws disagree with the mean somewhere (else this case tests nothing).
+    assert any((t.action != np.argmax(t.q, axis=1)).any() for t in thompson)
 
 
 def test_unhealthy_or_non_finite_rows_keep_their_position_and_window() -> None:
@@ -112,6 +149,36 @@ def test_malformed_batches_raise_inference_error(slots: list[float], rows: int, 
     eng = engine(make_checkpoint())
     with pytest.raises(InferenceError, match=message):
         eng.decide(slots, np.zeros((rows, SMALL.n_features)), np.zeros(len(slots)), 1.0)
+
+
+@pytest.mark.parametrize("column", ["positions", "regime_scale", "healthy"])
+def test_a_per_row_column_of_another_length_raises_and_changes_nothing(column: str) -> None:
+    ck = make_checkpoint(seed=2, scale=3.0)
+    eng, ref = engine(ck), engine(ck)
+    history = bars(6, SMALL.window + 1, 3)
+    feed(eng, history[:-1], [0, 1, 2])
+    feed(ref, history[:-1], [0, 1, 2])
+    args: dict[str, object] = {"positions": np.zeros(3), "regime_scale": 0.8, "healthy": True}
+    args[column] = np.ones(2)  # two entries for three rows
+    with pytest.raises(InferenceError, match="must have 3 entries"):
+        eng.decide([0, 1, 2], history[-1], args["positions"], args["regime_scale"], args["healthy"])  # type: ignore[arg-type]
+    np.testing.assert_array_equal(eng.decision_index(), ref.decision_index())
+    a = eng.decide([0, 1, 2], history[-1], np.zeros(3), 0.8)
+    b = ref.decide([0, 1, 2], history[-1], np.zeros(3), 0.8)
+    np.testing.assert_array_equal(a.q, b.q)
+    np.testing.assert_array_equal(a.step, b.step)
+    assert a.valid.all()
+
+
+def test_decision_index_counts_every_decision_of_a_slot() -> None:
+    eng = engine(make_checkpoint())
+    history = bars(7, 3, 2)
+    eng.decide([0, 4], history[0], [0, 0], 1.0)
+    eng.decide([4, 1], history[1], [0, 0], 1.0, healthy=[False, True])  # an unhealthy row counts too
+    d = eng.decide([4], history[2][:1], [0], 1.0)
+    np.testing.assert_array_equal(d.step, [2])
+    np.testing.assert_array_equal(eng.decision_index(), [1, 1, 0, 0, 3, 0])
+    assert eng.device_us() is None  # the CPU path has no device time
 
 
 def test_batch_larger_than_max_batch_is_refused() -> None:
@@ -197,7 +264,13 @@ def test_closed_engine_refuses_to_decide() -> None:
 
 def test_engine_rejects_bad_tick_values() -> None:
     with pytest.raises(ModelLoadError, match="tick_values"):
-        InferenceEngine(make_checkpoint(), POLICY, [12.5, float("nan")], backend=select_backend("cpu"))
+        InferenceEngine(
+            make_checkpoint(),
+            POLICY,
+            [12.5, float("nan")],
+            fee_per_contract=FEE,
+            backend=select_backend("cpu"),
+        )
 
 
 def test_a_batch_over_rows_per_forward_matches_one_forward_over_all_rows() -> None:
@@ -205,7 +278,9 @@ def test_a_batch_over_rows_per_forward_matches_one_forward_over_all_rows() -> No
     # q values as one forward call over the whole batch (rows are independent).
     ck = make_checkpoint(seed=8, scale=3.0)
     rows = 2 * ROWS_PER_FORWARD + 5
-    eng = InferenceEngine(ck, POLICY, [12.5] * rows, backend=select_backend("cpu"), max_batch=rows)
+    eng = InferenceEngine(
+        ck, POLICY, [12.5] * rows, fee_per_contract=FEE, backend=select_backend("cpu"), max_batch=rows
+    )
     history = bars(9, SMALL.window, rows)
     last = feed(eng, history, list(range(rows)))[-1]
     assert last.valid.all()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 CFG = ModelConfig(n_features=24)
 POLICY = PolicyConfig(
-    seed=7, kelly_fraction=0.5, capital_per_contract=400.0, max_contracts=9, cost_per_contract=0.1
+    seed=7, kelly_fraction=0.5, capital_per_contract=400.0, max_contracts=9, min_edge_ticks=0.1
 )
 SLOTS = 100
 
@@ -31,7 +31,9 @@ def pair(seed: int = 1, max_batch: int = 64) -> tuple[InferenceEngine, Inference
     ck = make_checkpoint(CFG, seed=seed, scale=3.0)
     ticks = np.random.default_rng(0).choice([5.0, 12.5, 50.0], size=SLOTS).tolist()
     return tuple(  # type: ignore[return-value]
-        InferenceEngine(ck, POLICY, ticks, backend=select_backend(device), max_batch=max_batch)
+        InferenceEngine(
+            ck, POLICY, ticks, fee_per_contract=0.5, backend=select_backend(device), max_batch=max_batch
+        )
         for device in ("cuda", "cpu")
     )
 
@@ -77,7 +79,12 @@ def test_cuda_hot_swap_and_failed_load() -> None:
     gpu.load(new)
     swapped = gpu.decide([0, 1, 2, 3], history[-1], np.zeros(4), 1.0)
     fresh = InferenceEngine(
-        new, POLICY, gpu.tick_values.tolist(), backend=select_backend("cuda"), max_batch=64
+        new,
+        POLICY,
+        gpu.tick_values.tolist(),
+        fee_per_contract=0.5,
+        backend=select_backend("cuda"),
+        max_batch=64,
     )
     for rows in history[:-1]:
         fresh.decide([0, 1, 2, 3], rows, np.zeros(4), 1.0)

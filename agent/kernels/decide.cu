@@ -1,0 +1,161 @@
+// One whole decision per thread block (the engine's only kernel): window push -> Mamba2
+// encoder -> C51 and return-head moments -> action (Thompson, or the best expected Q when
+// greedy) -> Kelly x regime size.
+// References: window_push_ref, mamba_forward_ref, softmax_ev_ref, thompson_ref or greedy_ref and
+// kelly_size_ref, chained as agent/gpu/cpu_runner.py does; the stages are the device functions
+// of mamba_forward.cuh, softmax_ev.cuh, thompson.cuh and kelly.cuh.
+//
+// Macros: those of mamba_forward.cuh, plus MF_A actions and MF_ATOMS atoms (MF_NQ = A * atoms).
+// Inputs (B rows, pinned mapped host memory): rows (B, F) raw features of the new bar; slot
+// (B) int32 (< 0: padded row, skipped); healthy (B) uint8; position (B) int32; regime (B)
+// float32; spread_col the column of rows holding the book's spread in ticks (Kelly's cost
+// gate). Device, per slot: window (slots, K, F) raw features, bars (rows pushed) and steps
+// (decisions made), updated in place (slots distinct within a launch); tick_value float64.
+// A row is pushed when healthy and every feature is finite; it is valid (sized, else its
+// position is kept) when pushed and the slot has K bars; its Thompson key is the slot's step.
+// Out: one DecideOut record per row (pinned mapped host memory).
+
+#include "kelly.cuh"
+#include "mamba_forward.cuh"
+#include "softmax_ev.cuh"
+#include "thompson.cuh"
+
+// agent/kernels/decide.py (OUT_DTYPE) mirrors this layout.
+struct DecideOut {
+    double f_star;
+    double size;
+    double regime_scale;
+    unsigned long long step;
+    float q[MF_A];
+    float ret_mean;
+    float ret_var;
+    int action;
+    int target;
+    signed char direction;
+    unsigned char valid;
+};
+
+static_assert(MF_F <= MF_THREADS && MF_F <= MF_K * MF_D, "one thread and one staging float a feature");
+
+extern "C" __global__ void __launch_bounds__(MF_THREADS)
+decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
+              const float* __restrict__ centres32, const double* __restrict__ centres64,
+              float* __restrict__ window, unsigned long long* __restrict__ bars,
+              unsigned long long* __restrict__ steps, const double* __restrict__ tick_value,
+              const float* __restrict__ rows, const int* __restrict__ slot,
+              const unsigned char* __restrict__ healthy, const int* __restrict__ position,
+              const float* __restrict__ regime, int greedy, unsigned long long seed, unsigned int purpose,
+              double capital, double fee, double min_edge, double kelly_fraction, double scale_floor,
+              int max_contracts, int spread_col, DecideOut* __restrict__ out) {
+    extern __shared__ __align__(16) float sm[];
+    __shared__ unsigned long long row_step;
+    __shared__ int row_position, row_valid;
+    __shared__ float row_regime, row_spread;
+    __shared__ float row_q[MF_A];
+    const int b = blockIdx.x;
+    // Every read of host memory is issued here, at once: one PCIe round trip, not one a stage.
+    const int s = slot[b];
+    const bool ok = healthy[b] != 0;
+    const float fresh = threadIdx.x < MF_F ? rows[(size_t)b * MF_F + threadIdx.x] : 0.0f;
+    int pos = 0;
+    float reg = 0.0f;
+    if (threadIdx.x == 0) {
+        pos = position[b];
+        reg = regime[b];
+    }
+    if (s < 0) return;
+    mf_forward_begin(P, sm);
+    unsigned long long seen = 0, step = 0;
+    if (threadIdx.x == 0) {
+        seen = bars[s];
+        step = steps[s];
+    }
+
+    // Window push: the new window is the old one's bars 1..K-1 and the new row. Stage the old
+    // window (normalised later) and the new row (in the free pre-norm buffer), then decide.
+    constexpr int KEEP = (MF_K - 1) * MF_F;
+    constexpr int PER = (MF_K * MF_F + MF_THREADS - 1) / MF_THREADS;
+    float* win = window + (size_t)s * MF_K * MF_F;
+    float* old = sm + SM_ZX;
+    float* row = sm + SM_US;
+#pragma unroll
+    for (int r = 0; r < PER; ++r) {
+        const int i = threadIdx.x + r * MF_THREADS;
+        if (i < MF_K * MF_F) old[i] = win[i];
+    }
+    if (threadIdx.x < MF_F) row[threadIdx.x] = fresh;
+    if (threadIdx.x == spread_col) row_spread = fresh;  // visible after the barrier below
+    const bool pushed = !__syncthreads_or(threadIdx.x < MF_F && !isfinite(fresh)) && ok;
+    float raw[PER];
+#pragma unroll
+    for (int r = 0; r < PER; ++r) {
+        const int i = threadIdx.x + r * MF_THREADS;
+        if (i < MF_K * MF_F) raw[r] = !pushed ? old[i] : (i < KEEP ? old[i + MF_F] : row[i - KEEP]);
+    }
+    __syncthreads();  // every staged value read before the buffer is overwritten
+#pragma unroll
+    for (int r = 0; r < PER; ++r) {
+        const int i = threadIdx.x + r * MF_THREADS;
+        if (i < MF_K * MF_F) {
+            const int f = i % MF_F;
+            old[i] = (raw[r] - __ldg(P + OFF_MEAN + f)) / __ldg(P + OFF_STD + f);
+            if (pushed) win[i] = raw[r];
+        }
+    }
+    if (threadIdx.x == 0) {
+        bars[s] = seen + (pushed ? 1ull : 0ull);
+        steps[s] = step + 1ull;
+        row_step = step;
+        row_valid = pushed && seen + 1ull >= (unsigned long long)MF_K;
+        row_position = pos;
+        row_regime = reg;
+    }
+
+    mf_forward(P, sm);
+
+    // Softmax and moments: warp a < A the C51 row of action a, warp A the return head.
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float* qprobs = sm + SM_PROBS;
+    float* rprobs = sm + SM_PROBS + MF_R4(MF_NQ);
+    DecideOut* o = out + b;
+    if (warp < MF_A) {
+        float mean, var;
+        sev_row(sm + SM_LOGITS + warp * MF_ATOMS, support, MF_ATOMS, qprobs + warp * MF_ATOMS, mean, var);
+        if (lane == 0) {
+            o->q[warp] = mean;
+            row_q[warp] = mean;
+        }
+    } else if (warp == MF_A) {
+        float mean, var;
+        sev_row(sm + SM_LOGITS + MF_R4(MF_NQ), centres32, MF_NR, rprobs, mean, var);
+        if (lane == 0) {
+            o->ret_mean = mean;
+            o->ret_var = var;
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        // policy.selection: the best expected Q (ties to the lowest action), or Thompson.
+        int best = 0;
+        if (greedy) {
+            for (int a = 1; a < MF_A; ++a) {
+                if (row_q[a] > row_q[best]) best = a;
+            }
+        } else {
+            best = thompson_warp(qprobs, support, seed, purpose, (unsigned int)s, row_step, MF_A, MF_ATOMS, nullptr);
+        }
+        const KellyPolicy pol{capital, fee, min_edge, kelly_fraction, scale_floor, max_contracts};
+        const KellyResult k = kelly_warp(rprobs, centres64, MF_NR, best - 1, tick_value[s], row_regime,
+                                         row_spread, row_valid != 0, row_position, pol);
+        if (lane == 0) {
+            o->f_star = k.f_star;
+            o->size = k.size;
+            o->regime_scale = k.scale;
+            o->step = row_step;
+            o->action = best;
+            o->target = k.target;
+            o->direction = (signed char)(best - 1);
+            o->valid = (unsigned char)row_valid;
+        }
+    }
+}

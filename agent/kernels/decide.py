@@ -1,0 +1,128 @@
+"""A whole decision per thread block on the device: ``decide()`` (``decide.cu``).
+
+Window push -> fused Mamba2 forward -> C51 and return-head moments -> action choice
+(``policy.selection``: Thompson, or the greedy best expected Q) -> Kelly x regime size, for one
+row per block: one kernel launch decides a batch. The forward, the moments, Thompson and Kelly
+are the device functions that the per-stage kernels (``mamba_forward``, ``softmax_ev``,
+``thompson``, ``kelly``) test against their NumPy references; the whole chain's reference is the
+references run in the same order, as the CPU engine (:mod:`agent.gpu.cpu_runner`) runs them,
+with ``window_push_ref`` for the push.
+
+Results come back as one record per row (:func:`out_dtype`), so that the host reads a batch
+with one copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from agent.kernels.loader import cupy
+from agent.kernels.mamba_forward import LATENCY, THROUGHPUT, Variant, compiled, shared_bytes
+from agent.model.config import ModelConfig
+from agent.policy.config import PolicyConfig
+from agent.policy.philox import Purpose
+
+__all__ = ["decide", "decide_variant", "out_dtype"]
+
+
+def out_dtype(n_actions: int) -> np.dtype[Any]:
+    """One row of the kernel's output (``DecideOut`` in ``decide.cu``, same C layout)."""
+    return np.dtype(
+        [
+            ("f_star", np.float64),
+            ("size", np.float64),
+            ("regime_scale", np.float64),
+            ("step", np.uint64),
+            ("q", np.float32, (n_actions,)),
+            ("ret_mean", np.float32),
+            ("ret_var", np.float32),
+            ("action", np.int32),
+            ("target", np.int32),
+            ("direction", np.int8),
+            ("valid", np.bool_),
+        ],
+        align=True,
+    )
+
+
+def decide_variant(cfg: ModelConfig, rows: int, latency_rows: int, max_shared: int) -> Variant:
+    """The forward variant for a launch of ``rows`` rows: the latency variant up to
+    ``latency_rows`` rows when its staged weights fit in ``max_shared`` bytes of shared
+    memory per block, else the throughput variant."""
+    if rows <= latency_rows and shared_bytes(cfg, LATENCY) <= max_shared:
+        return LATENCY
+    return THROUGHPUT
+
+
+def decide(
+    packed: Any,
+    cfg: ModelConfig,
+    variant: Variant,
+    *,
+    support: Any,
+    centres32: Any,
+    centres64: Any,
+    window: Any,
+    bars: Any,
+    steps: Any,
+    tick_value: Any,
+    rows: Any,
+    slots: Any,
+    healthy: Any,
+    positions: Any,
+    regime: Any,
+    policy: PolicyConfig,
+    fee_per_contract: float,
+    spread_column: int,
+    out: Any,
+) -> None:
+    """Launch one decision per row on the current stream (CuPy arrays, see ``decide.cu``).
+
+    packed (total,) float32 from :func:`agent.kernels.mamba_forward.pack_params`; support
+    (atoms,) float32; centres32/centres64 (bins,) return-bin centres in ticks. Per slot:
+    window (S, K, F) float32 raw features, bars and steps (S,) uint64 counters of rows pushed
+    and decisions made (all three updated in place), tick_value (S,) float64. Per row: rows
+    (B, F) float32; slots (B,) int32 distinct (negative: padded row, left unwritten);
+    healthy (B,) bool or uint8; positions (B,) int32; regime (B,) float32. Sizing's cost gate
+    charges ``fee_per_contract`` a leg and half the spread in column ``spread_column`` of the
+    row (:func:`agent.policy.kelly.leg_cost`). out (B, itemsize)
+    uint8: one record of :func:`out_dtype` a row (CuPy has no structured dtypes; the host views
+    the same bytes as records).
+    """
+    cp = cupy()
+    n = slots.shape[0]
+    fn, shared = compiled("decide.cu", "decide_kernel", cfg, variant)
+    if n:
+        fn(
+            (n,),
+            (variant.threads,),
+            (
+                packed,
+                support,
+                centres32,
+                centres64,
+                window,
+                bars,
+                steps,
+                tick_value,
+                rows,
+                slots,
+                healthy,
+                positions,
+                regime,
+                cp.int32(policy.selection == "greedy"),
+                cp.uint64(policy.seed),
+                cp.uint32(int(Purpose.THOMPSON)),
+                cp.float64(policy.capital_per_contract),
+                cp.float64(fee_per_contract),
+                cp.float64(policy.min_edge_ticks),
+                cp.float64(policy.kelly_fraction),
+                cp.float64(policy.scale_floor),
+                cp.int32(policy.max_contracts),
+                cp.int32(spread_column),
+                out,
+            ),
+            shared_mem=shared,
+        )

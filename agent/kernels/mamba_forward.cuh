@@ -1,0 +1,369 @@
+// Fused Mamba2 + C51 + return-head forward for inference: one thread block evaluates one
+// K-bar window from zero state, from the normalised window to both heads' logits, in shared
+// memory. Reference: agent/model/network.py forward() (through agent/kernels/mamba_forward.py).
+// Used by mamba_forward.cu (the forward alone) and decide.cu (a whole decision per block).
+//
+// Shapes and the packed parameter layout come from the Python wrapper as macros:
+//   MF_K window, MF_F features, MF_D d_model, MF_L layers, MF_DI inner width, MF_H heads,
+//   MF_P headdim, MF_G groups, MF_N d_state, MF_W conv width, MF_NQ = A * atoms, MF_NR bins;
+//   OFF_* offsets into the packed float32 buffer (weights stored transposed, in x out order);
+//   MF_THREADS, MF_TG and MF_STAGE pick a variant:
+//   * latency (MF_STAGE 1): the matrices of the next stage are copied into shared memory
+//     with cp.async while the current stage computes (one block a multiprocessor, every
+//     weight read once from L2 a window), and every matmul picks the row tile that keeps all
+//     MF_THREADS threads busy;
+//   * throughput (MF_STAGE 0): weights read through the L1 cache with row tiles of MF_TG
+//     (more reuse per load), several blocks per multiprocessor.
+// In the last block only the last time step feeds the heads, so its gate, norm, out_proj and
+// residual run for t = K-1 only (the scan still runs over the whole window).
+#pragma once
+
+#define MF_CD (MF_DI + 2 * MF_G * MF_N)
+#define MF_IP (2 * MF_DI + 2 * MF_G * MF_N + MF_H)
+#define MF_EPS 1e-5f
+#ifndef MF_THREADS
+#define MF_THREADS 256  // threads per block (one window per block)
+#endif
+#ifndef MF_TG
+#define MF_TG 8  // time steps per matmul work item (throughput variant)
+#endif
+#ifndef MF_STAGE
+#define MF_STAGE 0
+#endif
+#define MF_WARPS (MF_THREADS / 32)
+
+// Shared memory layout (floats; every region a multiple of 4 for float4 access).
+#define MF_R4(n) ((((n) + 3) / 4) * 4)
+#define MF_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define MF_ZXW MF_MAX(MF_IP, MF_F)
+#define SM_HS 0                                         // residual stream (K, D)
+#define SM_US (SM_HS + MF_R4(MF_K * MF_D))              // block input after the pre-norm (K, D)
+#define SM_ZX (SM_US + MF_R4(MF_K * MF_D))              // in_proj output (K, IP); first the window
+#define SM_LOGITS (SM_ZX + MF_R4(MF_K * MF_ZXW))        // q logits (NQ) then return logits (NR)
+#define SM_PROBS (SM_LOGITS + MF_R4(MF_NQ) + MF_R4(MF_NR))  // their probabilities, same layout
+#define SM_WIN (SM_PROBS + MF_R4(MF_NQ) + MF_R4(MF_NR))    // staged in_proj weights (D, IP)
+#define SM_WOUT (SM_WIN + MF_R4(MF_D * MF_IP))           // staged out_proj (Di, D) or embedding (F, D)
+#define SM_WHEAD (SM_WOUT + MF_R4(MF_MAX(MF_DI * MF_D, MF_F * MF_D)))  // staged heads (D, NQ) (D, NR)
+#define SM_STAGED_END (SM_WHEAD + MF_R4(MF_D * MF_NQ) + MF_R4(MF_D * MF_NR))
+#define MF_SHARED_FLOATS (MF_STAGE ? SM_STAGED_END : SM_WIN)
+
+// SiLU with the hardware exp2 and reciprocal (a few instructions instead of ~30): relative
+// error ~1e-6, far inside the forward's parity tolerance. For x -> -inf, exp(-x) -> inf and
+// the reciprocal -> 0, so the result stays finite (-0).
+__device__ __forceinline__ float mf_silu(float x) { return x * __frcp_rn(1.0f + __expf(-x)); }
+
+__device__ __forceinline__ float mf_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ float mf_warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// Start copying n floats (rounded up to whole 16-byte chunks: the packed layout pads every
+// tensor to 16 bytes) from global src to shared dst without waiting, as one cp.async group.
+__device__ __forceinline__ void mf_stage(float* dst, const float* __restrict__ src, int n) {
+    const unsigned int base = (unsigned int)__cvta_generic_to_shared(dst);
+    for (int i = threadIdx.x; i < (n + 3) / 4; i += MF_THREADS) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + 16u * i), "l"(src + 4 * i));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait for every staged copy of this thread, then for those of the whole block.
+__device__ __forceinline__ void mf_stage_wait() {
+    asm volatile("cp.async.wait_all;\n" ::);
+    __syncthreads();
+}
+
+// Row tile of a matmul over nt rows and ncols outputs: the throughput variant's MF_TG; the
+// latency variant's largest tile in {8, 4, 2, 1} that still gives every thread a work item.
+__host__ __device__ constexpr int mf_tile(int ncols, int nt) {
+    if (!MF_STAGE) return MF_TG;
+    const int groups = (ncols % 4 == 0) ? ncols / 4 : ncols;
+    for (int tg = 8; tg > 1; tg /= 2) {
+        if (groups * ((nt + tg - 1) / tg) >= MF_THREADS) return tg;
+    }
+    return 1;
+}
+
+// out[t, j] (+)= bias[j] + sum_k in[t, k] * Wt[k, j] for t in [t0, t0 + nt), j in [j0, j1).
+// Register tiling: each work item owns JT consecutive output columns and TG consecutive rows
+// (TG * JT accumulators); consecutive threads take consecutive column groups (coalesced
+// weight loads). The vector form (JT = 4) reads `in` four k at a time as float4 and the
+// weights as float4: per four k, TG + 4 wide loads feed 16 TG multiply-adds. It needs kdim,
+// ldi, nout and j0 divisible by 4 and 16-byte aligned bases (the packed layout and the shared
+// layout align every tensor); other shapes take the scalar form (JT = 1). Wt is global
+// (throughput) or shared (latency) memory.
+template <int TG, int JT>
+__device__ __forceinline__ void mf_matmul_tile(const float* in, int ldi, int kdim, const float* Wt, int nout,
+                                               const float* __restrict__ bias, float* out, int ldo,
+                                               int j0, int j1, int t0, int nt, bool accumulate) {
+    const int ngroups = (j1 - j0) / JT;
+    const int ntg = (nt + TG - 1) / TG;
+    for (int item = threadIdx.x; item < ngroups * ntg; item += MF_THREADS) {
+        const int j = j0 + (item % ngroups) * JT;
+        const int tb = t0 + (item / ngroups) * TG;
+        int rows[TG];
+        float acc[TG][JT];
+#pragma unroll
+        for (int i = 0; i < TG; ++i) {
+            rows[i] = min(tb + i, t0 + nt - 1) * ldi;
+#pragma unroll
+            for (int c = 0; c < JT; ++c) acc[i][c] = 0.0f;
+        }
+        if constexpr (JT == 4) {
+            for (int k = 0; k < kdim; k += 4) {
+                float w[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    const float4 v = *reinterpret_cast<const float4*>(Wt + (size_t)(k + kk) * nout + j);
+                    w[kk][0] = v.x;
+                    w[kk][1] = v.y;
+                    w[kk][2] = v.z;
+                    w[kk][3] = v.w;
+                }
+#pragma unroll
+                for (int i = 0; i < TG; ++i) {
+                    const float4 a = *reinterpret_cast<const float4*>(in + rows[i] + k);
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        acc[i][c] += a.x * w[0][c];
+                        acc[i][c] += a.y * w[1][c];
+                        acc[i][c] += a.z * w[2][c];
+                        acc[i][c] += a.w * w[3][c];
+                    }
+                }
+            }
+        } else {
+            for (int k = 0; k < kdim; ++k) {
+                const float w = Wt[(size_t)k * nout + j];
+#pragma unroll
+                for (int i = 0; i < TG; ++i) acc[i][0] += in[rows[i] + k] * w;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < TG; ++i) {
+            if (tb + i < t0 + nt) {
+#pragma unroll
+                for (int c = 0; c < JT; ++c) {
+                    float* o = out + (tb + i) * ldo + j + c;
+                    const float b0 = bias != nullptr ? __ldg(bias + j + c) : 0.0f;
+                    *o = (accumulate ? *o : 0.0f) + b0 + acc[i][c];
+                }
+            }
+        }
+    }
+}
+
+template <int TG>
+__device__ __forceinline__ void mf_matmul(const float* in, int ldi, int kdim, const float* Wt, int nout,
+                                          const float* __restrict__ bias, float* out, int ldo, int j0, int j1,
+                                          int t0, int nt, bool accumulate) {
+    if (((kdim | ldi | nout | j0 | j1) & 3) == 0) {
+        mf_matmul_tile<TG, 4>(in, ldi, kdim, Wt, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
+    } else {
+        mf_matmul_tile<TG, 1>(in, ldi, kdim, Wt, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
+    }
+}
+
+// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K); one warp a row.
+__device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, const float* __restrict__ w,
+                                                int t0) {
+    const int lane = threadIdx.x & 31;
+    for (int t = t0 + (threadIdx.x >> 5); t < MF_K; t += MF_WARPS) {
+        const float* x = in + t * MF_D;
+        float ss = 0.0f;
+        for (int k = lane; k < MF_D; k += 32) ss += x[k] * x[k];
+        const float r = 1.0f / sqrtf(mf_warp_sum(ss) / (float)MF_D + MF_EPS);
+        for (int k = lane; k < MF_D; k += 32) out[t * MF_D + k] = x[k] * r * __ldg(w + k);
+    }
+}
+
+// Latency variant: start staging the embedding and the first block's in_proj, before the
+// caller loads the window (the copies overlap its reads).
+__device__ __forceinline__ void mf_forward_begin(const float* __restrict__ P, float* sm) {
+    if (MF_STAGE) {
+        mf_stage(sm + SM_WOUT, P + OFF_EMB_WT, MF_F * MF_D);
+        mf_stage(sm + SM_WIN, P + OFF_BLOCKS + BLK_WIN_T, MF_D * MF_IP);
+    }
+}
+
+// The network on the window normalised into sm + SM_ZX ((K, F), written by the caller, no
+// barrier needed after it); leaves the q logits at sm + SM_LOGITS and the return logits at
+// sm + SM_LOGITS + MF_R4(MF_NQ), followed by a barrier.
+__device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* sm) {
+    float* hs = sm + SM_HS;
+    float* us = sm + SM_US;
+    float* zx = sm + SM_ZX;
+    if (MF_STAGE) {
+        mf_stage_wait();
+    } else {
+        __syncthreads();
+    }
+    const float* w_emb = MF_STAGE ? sm + SM_WOUT : P + OFF_EMB_WT;
+    mf_matmul<mf_tile(MF_D, MF_K)>(zx, MF_F, MF_F, w_emb, MF_D, P + OFF_EMB_B, hs, MF_D, 0, MF_D, 0, MF_K,
+                                   false);
+    __syncthreads();
+    if (MF_STAGE) mf_stage(sm + SM_WOUT, P + OFF_BLOCKS + BLK_WOUT_T, MF_DI * MF_D);
+
+    for (int layer = 0; layer < MF_L; ++layer) {
+        const float* blk = P + OFF_BLOCKS + (size_t)layer * BLK_STRIDE;
+        const bool last = layer == MF_L - 1;
+        const int t_out = last ? MF_K - 1 : 0;  // first time step whose output is needed
+        const float* w_in = MF_STAGE ? sm + SM_WIN : blk + BLK_WIN_T;
+        const float* w_out = MF_STAGE ? sm + SM_WOUT : blk + BLK_WOUT_T;
+
+        mf_rmsnorm_rows(hs, us, blk + BLK_NORM, 0);
+        __syncthreads();
+        // in_proj: x, B, C, dt for every step; z only where the output is needed.
+        constexpr int xbcdt = MF_IP - MF_DI;
+        if (last) {
+            mf_matmul<mf_tile(xbcdt, MF_K)>(us, MF_D, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP, 0,
+                                            MF_K, false);
+            mf_matmul<1>(us, MF_D, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, t_out, 1, false);
+        } else {
+            mf_matmul<mf_tile(MF_IP, MF_K)>(us, MF_D, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0, MF_K,
+                                            false);
+        }
+        __syncthreads();
+        if (MF_STAGE) {  // the next block's in_proj, or the heads after the last block
+            if (last) {
+                mf_stage(sm + SM_WHEAD, P + OFF_Q_WT, MF_D * MF_NQ);
+                mf_stage(sm + SM_WHEAD + MF_R4(MF_D * MF_NQ), P + OFF_R_WT, MF_D * MF_NR);
+            } else {
+                mf_stage(sm + SM_WIN, blk + BLK_STRIDE + BLK_WIN_T, MF_D * MF_IP);
+            }
+        }
+
+        // Causal depthwise conv + SiLU over the x, B, C channels, one channel per thread.
+        for (int c = threadIdx.x; c < MF_CD; c += MF_THREADS) {
+            float raw[MF_K];
+#pragma unroll
+            for (int t = 0; t < MF_K; ++t) raw[t] = zx[t * MF_IP + MF_DI + c];
+            float cw[MF_W];
+#pragma unroll
+            for (int k = 0; k < MF_W; ++k) cw[k] = __ldg(blk + BLK_CONV_W + c * MF_W + k);
+            const float cb = __ldg(blk + BLK_CONV_B + c);
+#pragma unroll
+            for (int t = 0; t < MF_K; ++t) {
+                float pre = 0.0f;
+#pragma unroll
+                for (int k = 0; k < MF_W; ++k) {
+                    const int src = t - MF_W + 1 + k;
+                    if (src >= 0) pre += raw[src] * cw[k];
+                }
+                zx[t * MF_IP + MF_DI + c] = mf_silu(cb + pre);
+            }
+        }
+        // dt = softplus(dt_raw + dt_bias)
+        for (int i = threadIdx.x; i < MF_K * MF_H; i += MF_THREADS) {
+            const int t = i / MF_H, h = i % MF_H;
+            float* v = zx + t * MF_IP + MF_DI + MF_CD + h;
+            *v = mf_softplus(*v + __ldg(blk + BLK_DT_BIAS + h));
+        }
+        __syncthreads();
+
+        // SSM scan from zero state, one (head, channel) per thread; y (with the D skip)
+        // overwrites x in place where it is needed.
+        for (int idx = threadIdx.x; idx < MF_DI; idx += MF_THREADS) {
+            const int h = idx / MF_P;
+            const int g = h / (MF_H / MF_G);
+            const float A = __ldg(blk + BLK_A + h);
+            const float Dh = __ldg(blk + BLK_D + h);
+            float state[MF_N];
+#pragma unroll
+            for (int n = 0; n < MF_N; ++n) state[n] = 0.0f;
+            for (int t = 0; t < MF_K; ++t) {
+                float* row = zx + t * MF_IP;
+                const float xv = row[MF_DI + idx];
+                const float dtv = row[MF_DI + MF_CD + h];
+                const float decay = __expf(dtv * A);  // dt * A <= 0: decay in (0, 1]
+                const float dx = dtv * xv;
+                const float* Bt = row + 2 * MF_DI + g * MF_N;
+                const float* Ct = row + 2 * MF_DI + MF_G * MF_N + g * MF_N;
+#if MF_N % 4 == 0 && MF_IP % 4 == 0 && MF_DI % 4 == 0
+#pragma unroll
+                for (int n = 0; n < MF_N; n += 4) {  // B_t read as float4 (16-byte aligned rows)
+                    const float4 b4 = *reinterpret_cast<const float4*>(Bt + n);
+                    state[n] = decay * state[n] + dx * b4.x;
+                    state[n + 1] = decay * state[n + 1] + dx * b4.y;
+                    state[n + 2] = decay * state[n + 2] + dx * b4.z;
+                    state[n + 3] = decay * state[n + 3] + dx * b4.w;
+                }
+#else
+#pragma unroll
+                for (int n = 0; n < MF_N; ++n) state[n] = decay * state[n] + dx * Bt[n];
+#endif
+                if (t >= t_out) {
+                    float y = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < MF_N; ++n) y += state[n] * Ct[n];
+                    row[MF_DI + idx] = y + Dh * xv;
+                }
+            }
+        }
+        __syncthreads();
+
+        // Gate before the norm: v = y * silu(z); grouped RMSNorm; o = vhat * gnorm_w (in place).
+        {
+            const int lane = threadIdx.x & 31;
+            constexpr int GW = MF_DI / MF_G;
+            for (int rg = threadIdx.x >> 5; rg < (MF_K - t_out) * MF_G; rg += MF_WARPS) {
+                const int t = t_out + rg / MF_G, g = rg % MF_G;
+                float* row = zx + t * MF_IP;
+                float ss = 0.0f;
+                for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
+                    const float v = row[MF_DI + i] * mf_silu(row[i]);
+                    row[MF_DI + i] = v;
+                    ss += v * v;
+                }
+                const float r = 1.0f / sqrtf(mf_warp_sum(ss) / (float)GW + MF_EPS);
+                __syncwarp();
+                for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
+                    row[MF_DI + i] = row[MF_DI + i] * r * __ldg(blk + BLK_GNORM + i);
+                }
+            }
+        }
+        if (MF_STAGE) {
+            mf_stage_wait();  // this block's out_proj (and the next stage's copy) has landed
+        } else {
+            __syncthreads();
+        }
+
+        // out_proj and the residual: hs[t] += o[t] W_out^T.
+        if (last) {
+            mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, hs, MF_D, 0, MF_D, t_out, 1, true);
+        } else {
+            mf_matmul<mf_tile(MF_D, MF_K)>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, hs, MF_D, 0, MF_D,
+                                           0, MF_K, true);
+        }
+        __syncthreads();
+        if (MF_STAGE && !last) mf_stage(sm + SM_WOUT, blk + BLK_STRIDE + BLK_WOUT_T, MF_DI * MF_D);
+    }
+
+    // Final RMSNorm of the last step, then both heads.
+    mf_rmsnorm_rows(hs, us, P + OFF_FINAL_NORM, MF_K - 1);
+    __syncthreads();
+    const float* feat = us + (MF_K - 1) * MF_D;
+    const float* wq = MF_STAGE ? sm + SM_WHEAD : P + OFF_Q_WT;
+    const float* wr = MF_STAGE ? sm + SM_WHEAD + MF_R4(MF_D * MF_NQ) : P + OFF_R_WT;
+    for (int j = threadIdx.x; j < MF_NQ + MF_NR; j += MF_THREADS) {
+        const bool q = j < MF_NQ;
+        const int jj = q ? j : j - MF_NQ;
+        const int n = q ? MF_NQ : MF_NR;
+        const float* Wt = q ? wq : wr;
+        float acc = __ldg(P + (q ? OFF_Q_B : OFF_R_B) + jj);
+        for (int k = 0; k < MF_D; ++k) acc += feat[k] * Wt[k * n + jj];
+        sm[SM_LOGITS + (q ? 0 : MF_R4(MF_NQ)) + jj] = acc;
+    }
+    __syncthreads();
+}
+
+// Normalise the window win (K, F) raw features into sm + SM_ZX.
+__device__ __forceinline__ void mf_load_window(const float* __restrict__ P, const float* win, float* sm) {
+    for (int i = threadIdx.x; i < MF_K * MF_F; i += MF_THREADS) {
+        const int f = i % MF_F;
+        sm[SM_ZX + i] = (win[i] - __ldg(P + OFF_MEAN + f)) / __ldg(P + OFF_STD + f);
+    }
+}
