@@ -24,12 +24,13 @@ from typing import Any, Literal
 import msgspec
 
 from agent.control.config import ControlConfig
-from agent.daemon.config import DaemonConfig, RiskConfig, ScheduleConfig
+from agent.daemon.config import DaemonConfig, ScheduleConfig
 from agent.errors import AgentError
 from agent.execution.config import BrokerConfig
 from agent.model.config import ModelConfig
 from agent.policy.config import PolicyConfig
 from agent.policy.regime import RegimeConfig
+from agent.trading.config import RiskConfig
 from agent.train.config import TrainConfig
 from feeds.config import FeedsConfig, SynthConfig
 from storage.config import StorageConfig

@@ -126,6 +126,16 @@ class ModelRegistry:
 
         self._db.write(work, what="finish train run")
 
+    def count_runs(self, instrument_set: str) -> int:
+        """Train runs recorded for ``instrument_set`` (any status): the number of trials a new
+        candidate's significance is deflated for."""
+        key = nonempty(instrument_set, "instrument_set", 512)
+
+        def work(session: Session) -> int:
+            return len(session.scalars(select(TrainRun.id).where(TrainRun.instrument_set == key)).all())
+
+        return self._db.read(work, what="count train runs")
+
     def run_status(self, run_id: int) -> RunStatus:
         """The status of a run."""
 

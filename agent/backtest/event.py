@@ -3,10 +3,11 @@
 The recorded feed is replayed as fast as possible by the daemon's own source
 (:class:`feeds.sources.ReplaySource`, pace 0) and every record goes through the same components,
 in the same order, as in ``tradeagent run``: the incremental book/health/bar/feature builder
-(:class:`feeds.features.IncrementalFeatures`), the regime tracker with the learned floors, the
-batched inference engine (Thompson + Kelly x regime), the hard risk limits
-(:class:`agent.daemon.risk.RiskLimits`: position clamp, order rate on the feed clock, daily loss
-and drawdown breach = flatten and halt), the order manager, the paper broker
+(:class:`feeds.features.IncrementalFeatures`), the daemon's trading step
+(:class:`agent.trading.step.TradingStep`: the regime tracker with the learned floors, the
+batched inference engine with Thompson + Kelly x regime, the hard risk limits: position clamp,
+order rate on the feed clock, daily loss and drawdown breach = flatten and halt), the order
+manager, the paper broker
 (:class:`agent.execution.broker.PaperBroker`: latency on the feed clock, book walk, IOC
 remainder, fees) and the SQL ledger in a throwaway SQLite database: every order is recorded
 before it is sent and every fill is committed before the position counts it.
@@ -30,16 +31,15 @@ from typing import Any
 import numpy as np
 
 from agent.backtest.fast import FillList
-from agent.backtest.kernel import Decider, DecisionLog, model_inputs
+from agent.backtest.kernel import DecisionLog
 from agent.config import Config
-from agent.daemon.risk import RiskLimits
 from agent.execution.broker import PaperBroker
 from agent.execution.ledger_rows import ledger_fills, ledger_orders
 from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
-from agent.execution.protocol import Cancelled, Fill, Reject, Report
-from agent.policy.regime import RegimeTracker
-from feeds.book import tick_fixed
+from agent.execution.protocol import Cancelled, Fill, NewOrder, Reject, Report
+from agent.trading.decider import Decider
+from agent.trading.step import BarClose, TradingStep, closing_runs
 from feeds.config import InstrumentSpec
 from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
 from feeds.records import MBP10_DTYPE, PRICE_SCALE
@@ -94,16 +94,21 @@ class EventDriver:
         self.specs = list(specs)
         self.decider = decider
         self.slot = {s.instrument_id: i for i, s in enumerate(specs)}
-        self.tick_px = np.asarray([float(tick_fixed(s.tick_size)) for s in specs])
         self.features = IncrementalFeatures(specs, config.feeds.bars, config.feeds.health)
-        self.regime = RegimeTracker(config.regime, config.policy.scale_floor, list(floors))
-        self.risk = RiskLimits(config.risk)
         self.orders = OrderManager("bt")
         self.broker = PaperBroker(config.broker, list(self.slot))
         self.portfolio = Portfolio(self.specs)
+        self.trading = TradingStep(
+            config,
+            specs,
+            floors,
+            portfolio=self.portfolio,
+            orders=self.orders,
+            features=self.features,
+            cancel=lambda request: self._reports(self.broker.cancel(request)),
+        )
         self.ledger = Ledger(database)
         self.database = database
-        self.marks: dict[int, float] = {}
         self.bars_seen = [0] * len(specs)
         self.order_bar: dict[str, tuple[int, int]] = {}
         self.halted = False
@@ -149,7 +154,7 @@ class EventDriver:
                     continue
                 if not started:
                     started = True
-                    self.risk.start(0.0, int(records["ts_recv"][0]))
+                    self.trading.risk.start(0.0, int(records["ts_recv"][0]))
                 self._batch(records)
                 self.run.records += int(records.shape[0])
                 if self._on_records is not None:
@@ -160,7 +165,7 @@ class EventDriver:
         Journal(self.database).end_session(session, reason="backtest finished")
         self.run.counts = dict(self._counts)
         self.run.counts["rejected_records"] = self.features.rejected
-        self.run.counts["throttled_orders"] = self.risk.throttled
+        self.run.counts.update(self.trading.status())
         self.run.ledger_pnl = self._ledger_pnl()
         return self.run
 
@@ -174,19 +179,11 @@ class EventDriver:
         """Records in feed order: the features and the broker see every record; a record that
         closes a bar is seen by both, then the bar is decided (the order is placed at that
         record's ``ts_recv``, after it)."""
-        raw = np.ascontiguousarray(records).data.cast("B")
-        ts = records["ts_recv"]
-        push = self.features.push
-        start = 0
-        for k in range(records.shape[0]):
+        for run, frame in closing_runs(self.features, records):
             t0 = time.perf_counter_ns()
-            frame = push(raw[k * _RECORD : (k + 1) * _RECORD])
+            self._market(run)
             if frame is not None:
-                self._market(records[start : k + 1])
-                start = k + 1
-                self._decide(frame, int(ts[k]), t0)
-        if start < records.shape[0]:
-            self._market(records[start:])
+                self._decide(frame, int(run["ts_recv"][-1]), t0)
 
     def _market(self, records: np.ndarray[Any, Any]) -> None:
         reports = self.broker.on_records(records)
@@ -226,71 +223,48 @@ class EventDriver:
     def _decide(self, frame: BarFrame, now_ns: int, t0: int) -> None:
         """Decide every bar of ``frame`` (several when a gap closed empty bars); only the last
         one may send an order, as in the daemon."""
-        iid = frame.instrument_id
-        i = self.slot[iid]
+        i = self.slot[frame.instrument_id]
         self.run.frames[frame.symbol].append(frame)
-        n = len(self.specs)
         for r in range(len(frame)):
-            tradable = bool(frame.tradable[r])
-            logret = np.full(n, np.nan)
-            if tradable:
-                logret[i] = float(frame.features[r, _LOGRET])
-                self.marks[iid] = float(frame.mid_price[r]) * PRICE_SCALE
-            scale = self.regime.update(logret)
-            pos = self.portfolio.position(iid)
-            positions = np.asarray([pos], dtype=np.int64)
-            rows = model_inputs(
-                frame.features[r : r + 1],
-                positions=positions,
-                entry_px=np.asarray([self.portfolio.avg_price(iid)]),
-                mid_ticks=frame.mid_ticks[r : r + 1].astype(np.float64),
-                tick_px=self.tick_px[i : i + 1],
-                reward_scale=self.config.train.reward_scale,
-            )
-            decided = self.decider.decide(
-                np.asarray([i], dtype=np.int64), rows, positions, scale[i : i + 1], np.asarray([tradable])
-            )
+            close = BarClose(frame, r)
+            step = self.trading.decide([close], self.decider)
             bar = self.bars_seen[i]
             self.bars_seen[i] += 1
             self.run.log.add(
-                ts_ns=frame.ts_close[r], instrument=i, bar=bar, decided=decided, regime=scale[i], position=pos
+                ts_ns=frame.ts_close[r],
+                instrument=i,
+                bar=bar,
+                decided=step.decided,
+                regime=step.regime[0],
+                position=step.positions[0],
             )
-            if r == len(frame) - 1 and bool(decided.valid[0]):
-                self._order(iid, i, bar, int(decided.target[0]), now_ns)
+            if r == len(frame) - 1 and bool(step.decided.valid[0]):
+                order = self.trading.order_for(
+                    close, int(step.decided.target[0]), now_ns=now_ns, blocked=self.halted
+                )
+                if order is not None:
+                    self._send(order, i, bar)
                 self.run.latency_ns.append(time.perf_counter_ns() - t0)
         self._check_risk(now_ns)
 
-    def _order(self, iid: int, i: int, bar: int, target: int, now_ns: int) -> None:
-        if self.halted:
-            return
-        delta = self.risk.clamp(target) - (self.portfolio.position(iid) + self.orders.working(iid))
-        if delta == 0:
-            return
-        if not self.risk.order_allowed(now_ns / 1e9):
-            return
-        self._send(iid, i, bar, delta, now_ns)
-
-    def _send(self, iid: int, i: int, bar: int, delta: int, now_ns: int) -> None:
-        order = self.orders.new(iid, "buy" if delta > 0 else "sell", abs(delta), ts_ns=now_ns)
+    def _send(self, order: NewOrder, i: int, bar: int) -> None:
         self.ledger.record_orders(ledger_orders([order], account=ACCOUNT, session_id=self.session_id))
         self.order_bar[order.client_order_id] = (i, bar)
-        self.risk.order_sent(now_ns / 1e9)
         self._count("orders")
         reports = self.broker.submit(order)
         if reports:
             self._reports(reports)
 
     def _check_risk(self, now_ns: int) -> None:
-        equity = self.portfolio.realised() + self.portfolio.unrealised(self.marks)
-        breach = None if self.halted else self.risk.breach(equity, now_ns)
+        breach = None if self.halted else self.trading.breach(now_ns)
         if breach:
             self.halted = True
             self.run.halt_reason = breach
             self._count("risk_halts")
-        if self.halted and not self.orders.open_orders():
-            for iid, qty in self.portfolio.positions().items():
-                if qty:
-                    self._send(iid, self.slot[iid], max(self.bars_seen[self.slot[iid]] - 1, 0), -qty, now_ns)
+        if self.halted:
+            for order in self.trading.flatten(now_ns) or []:
+                i = self.slot[order.instrument_id]
+                self._send(order, i, max(self.bars_seen[i] - 1, 0))
 
     def _settle(self) -> None:
         """End of data: orders still waiting for a later record are executed against the last
@@ -307,6 +281,6 @@ class EventDriver:
             if pos is None:
                 continue
             per_point = spec.tick_value / spec.tick_size
-            mark = self.marks.get(spec.instrument_id, pos.avg_price * PRICE_SCALE) / PRICE_SCALE
+            mark = self.trading.marks.get(spec.instrument_id, pos.avg_price * PRICE_SCALE) / PRICE_SCALE
             total += (pos.realized_points + pos.qty * (mark - pos.avg_price)) * per_point - pos.fees
         return total

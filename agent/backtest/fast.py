@@ -30,10 +30,12 @@ from typing import Any
 import numpy as np
 
 from agent.backtest.errors import BacktestError
-from agent.backtest.kernel import Decider, DecisionLog, model_inputs
+from agent.backtest.kernel import DecisionLog
 from agent.config import Config
-from agent.execution.fills import Ledger, apply_fills, fees, walk_book
+from agent.execution.fills import Ledger, apply_fills, execution_rows, fees, walk_book
 from agent.policy.regime import RegimeTracker
+from agent.trading.decider import Decider
+from agent.trading.observation import observation_rows
 from feeds.book import tick_fixed
 from feeds.config import InstrumentSpec
 from feeds.dbn import iter_mbp10
@@ -182,7 +184,7 @@ def run_fast(
     ts_close = np.concatenate([f.ts_close for f in frames])
     exec_index = np.concatenate(
         [
-            _execution_rows(bars.records, s, f, config.broker.latency_ms)
+            execution_rows(bars.records, s.instrument_id, f.close_index, config.broker.latency_ms)
             for s, f in zip(specs, frames, strict=True)
         ]
     )
@@ -209,7 +211,7 @@ def run_fast(
         who_inst = inst[active]
         g = offsets[who_inst] + bar
         pos = ledger.position[active].astype(np.int64)
-        rows = model_inputs(
+        rows = observation_rows(
             feats[g],
             positions=pos,
             entry_px=ledger.avg_price[active],
@@ -250,18 +252,6 @@ def run_fast(
         if on_step is not None:
             on_step(step + 1, steps)
     return log, fills, spent / max(rows_decided, 1)
-
-
-def _execution_rows(
-    records: np.ndarray[Any, Any], spec: InstrumentSpec, frame: BarFrame, latency_ms: float
-) -> np.ndarray[Any, Any]:
-    """Per bar, the index in ``records`` of the book its order meets: the instrument's last record
-    with ``ts_recv <= t + latency``, ``t`` the ``ts_recv`` of the record that closed the bar."""
-    mine = np.flatnonzero(records["instrument_id"] == spec.instrument_id)
-    ts = np.maximum.accumulate(records["ts_recv"][mine].astype(np.int64))
-    nxt = np.minimum(np.searchsorted(mine, frame.close_index, side="right"), mine.shape[0] - 1)
-    due = ts[nxt] + round(latency_ms * 1_000_000)
-    return mine[np.searchsorted(ts, due, side="right") - 1]
 
 
 def _execute(

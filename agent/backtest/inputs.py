@@ -1,7 +1,8 @@
 """What a backtest reads: the recorded days in a date range and the checkpoint to trade.
 
 * :func:`select_days` picks the daily DBN files of an archive directory (or one file) whose data
-  overlaps ``[date_from, date_to]`` (UTC dates, both inclusive) and returns their time window.
+  overlaps a time window ``[start, end)`` (:func:`parse_bound`: whole UTC days for dates, exact
+  instants for ISO date-times) and returns it.
 * :func:`resolve_checkpoint` finds a checkpoint by ``promoted`` (the registry's promoted model for
   the configured instrument set), by sha256 (or a unique prefix of at least 8 hex digits) in the
   content-addressed store, or by a file path; it is verified (hash, fingerprint) on load and
@@ -40,7 +41,9 @@ __all__ = [
     "DaySelection",
     "ResolvedCheckpoint",
     "check_compatible",
-    "parse_date",
+    "iso_ns",
+    "ns_iso",
+    "parse_bound",
     "resolve_checkpoint",
     "select_days",
 ]
@@ -60,29 +63,60 @@ class DaySelection:
     last_day: dt.date
 
 
-def parse_date(text: str, option: str) -> dt.date:
-    """``YYYY-MM-DD`` -> date, or a :class:`BacktestError` naming ``option``."""
+def parse_bound(text: str, option: str, *, end: bool) -> int:
+    """``--from``/``--to`` -> a time bound in ns since the epoch (UTC).
+
+    A date (``YYYY-MM-DD``) is a whole UTC day: ``--from`` its start, ``--to`` its end (the day
+    is included). A date-time (ISO 8601, ``2024-01-09T14:30:00``, ``...+00:00`` or ``...Z``; UTC
+    when no offset is given; microseconds at most) is an instant: ``--from`` includes it, ``--to``
+    excludes it, so the window ``[from, to)`` of a training fold's test block replays exactly
+    that block. Raises :class:`BacktestError` naming ``option``.
+    """
     try:
-        return dt.date.fromisoformat(text)
+        if len(text) == 10:
+            day = dt.date.fromisoformat(text)
+            return _day_ns(day + dt.timedelta(days=1) if end else day)
+        when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise BacktestError(f"{option} {text!r}: expected a date as YYYY-MM-DD") from None
+        raise BacktestError(
+            f"{option} {text!r}: expected a date (YYYY-MM-DD) or an ISO date-time "
+            "(YYYY-MM-DDTHH:MM:SS[.ffffff][+00:00])"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return iso_ns(when)
+
+
+def iso_ns(when: dt.datetime) -> int:
+    """Nanoseconds since the epoch of an aware date-time, exactly (no float rounding)."""
+    delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+
+
+def ns_iso(ns: int) -> str:
+    """The ISO 8601 date-time (UTC, microseconds) of ``ns`` rounded down to the microsecond:
+    :func:`parse_bound` gives back ``ns`` exactly when it is a whole microsecond."""
+    base = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return (base + dt.timedelta(microseconds=ns // 1_000)).isoformat()
 
 
 def _day(ns: int) -> dt.date:
-    return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).date()
+    return dt.datetime.fromtimestamp(ns // 1_000_000_000, dt.UTC).date()
 
 
 def _day_ns(day: dt.date) -> int:
     return (day - dt.date(1970, 1, 1)).days * _NS_PER_DAY
 
 
-def _data_days(info: DBNInfo) -> tuple[dt.date, dt.date]:
+def _data_span(info: DBNInfo) -> tuple[int, int]:
+    """``[first, last]`` ns of the data a file holds, from its metadata."""
     last_ns = info.end_ns - 1 if info.end_ns is not None and info.end_ns > info.start_ns else info.start_ns
-    return _day(info.start_ns), _day(last_ns)
+    return info.start_ns, last_ns
 
 
-def select_days(path: str | Path, date_from: dt.date | None, date_to: dt.date | None) -> DaySelection:
-    """The DBN files under ``path`` with data on ``[date_from, date_to]`` (None = open end).
+def select_days(path: str | Path, start_ns: int | None, end_ns: int | None) -> DaySelection:
+    """The DBN files under ``path`` with data in ``[start_ns, end_ns)`` (None = open end; see
+    :func:`parse_bound`).
 
     Raises :class:`BacktestError` for a missing path, a directory without DBN files, an inverted
     range, or a range that holds no data (the message gives the range the data covers).
@@ -90,28 +124,29 @@ def select_days(path: str | Path, date_from: dt.date | None, date_to: dt.date | 
     p = Path(path)
     if not p.exists():
         raise BacktestError(f"--data {p}: no such file or directory")
-    if date_from is not None and date_to is not None and date_from > date_to:
-        raise BacktestError(f"--from {date_from} is after --to {date_to}")
+    if start_ns is not None and end_ns is not None and start_ns >= end_ns:
+        raise BacktestError(f"--from {ns_iso(start_ns)} is not before --to {ns_iso(end_ns)}")
     try:
         infos = [read_metadata(file) for file in dbn_files(p)]
     except FeedError as exc:
         raise BacktestError(f"--data {p}: {exc}") from None
-    spans = [(info, *_data_days(info)) for info in infos]
+    spans = [(info, *_data_span(info)) for info in infos]
     lo = min(first for _, first, _ in spans)
     hi = max(last for _, _, last in spans)
-    want_lo = date_from or lo
-    want_hi = date_to or hi
-    chosen = [info for info, first, last in spans if last >= want_lo and first <= want_hi]
+    want_lo = _day_ns(_day(lo)) if start_ns is None else start_ns
+    want_hi = _day_ns(_day(hi) + dt.timedelta(days=1)) if end_ns is None else end_ns
+    chosen = [info for info, first, last in spans if last >= want_lo and first < want_hi]
     if not chosen:
-        raise BacktestError(f"no data between {want_lo} and {want_hi}: {p} covers {lo} .. {hi} (UTC dates)")
-    first = max(want_lo, min(_data_days(i)[0] for i in chosen))
-    last = min(want_hi, max(_data_days(i)[1] for i in chosen))
+        raise BacktestError(
+            f"no data between {ns_iso(want_lo)} and {ns_iso(want_hi)}: {p} covers "
+            f"{_day(lo)} .. {_day(hi)} (UTC dates)"
+        )
     return DaySelection(
         files=tuple(sorted((i.path for i in chosen), key=lambda q: (q.name, str(q)))),
-        start_ns=_day_ns(first),
-        end_ns=_day_ns(last + dt.timedelta(days=1)),
-        first_day=first,
-        last_day=last,
+        start_ns=want_lo,
+        end_ns=want_hi,
+        first_day=_day(max(want_lo, min(_data_span(i)[0] for i in chosen))),
+        last_day=_day(min(want_hi - 1, max(_data_span(i)[1] for i in chosen))),
     )
 
 

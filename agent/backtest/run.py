@@ -24,14 +24,21 @@ import numpy as np
 from agent.backtest.errors import BacktestError
 from agent.backtest.event import EventDriver
 from agent.backtest.fast import BarSet, FillList, load_bars, marks_of, regime_path, run_fast
-from agent.backtest.inputs import check_compatible, resolve_checkpoint, select_days
-from agent.backtest.kernel import BarPnl, BaselineDecider, DecisionLog, ModelDecider, bar_pnl
+from agent.backtest.inputs import (
+    ResolvedCheckpoint,
+    check_compatible,
+    ns_iso,
+    resolve_checkpoint,
+    select_days,
+)
+from agent.backtest.kernel import BarPnl, DecisionLog, bar_pnl
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint
 from agent.policy.regime import RegimeTracker
+from agent.progress import Progress
+from agent.trading.decider import BaselineDecider, ModelDecider
 from agent.train.baselines import BASELINES
 from agent.train.metrics import NS_PER_DAY, Performance, performance
-from agent.train.run import Progress
 from feeds.config import InstrumentSpec
 from feeds.dbn import dbn_files, read_metadata
 from feeds.errors import UnknownInstrument
@@ -50,10 +57,13 @@ class BacktestRequest:
     """What ``tradeagent backtest`` asks for."""
 
     data: Path
-    checkpoint: str
-    """``promoted``, a sha256 (prefix) in the configured store, or a checkpoint file."""
-    date_from: dt.date | None = None
-    date_to: dt.date | None = None
+    checkpoint: str | ResolvedCheckpoint
+    """``promoted``, a sha256 (prefix) in the configured store, a checkpoint file, or a checkpoint
+    already resolved with its floors (the trainer's evaluation of a fold's model)."""
+    start_ns: int | None = None
+    """Window ``[start_ns, end_ns)`` in ns UTC (:func:`agent.backtest.inputs.parse_bound`);
+    None = from the first day of the data / to its last."""
+    end_ns: int | None = None
     fast: bool = False
     chunks: int = FAST_CHUNKS
     """Vectorised driver only: spans per instrument in lockstep (1 = exact event-driven parity)."""
@@ -64,8 +74,14 @@ class BacktestSummary(msgspec.Struct, kw_only=True):
 
     mode: str
     """``event`` (the daemon's pipeline) or ``fast`` (the vectorised driver)."""
+    pnl: float
+    """The model's P&L as traded (the daemon's selection, sizing, risk, fills and fees), after
+    costs, in account currency: ``performance.pnl``."""
     checkpoint_sha256: str
     data: str
+    start: str
+    """The replayed window ``[start, end)``, ISO 8601 UTC."""
+    end: str
     first_day: str
     last_day: str
     instruments: list[str]
@@ -182,8 +198,12 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
     """Run the backtest described by ``request``; raise :class:`BacktestError` (or the feeds /
     storage errors) for bad input before any work is done."""
     wall0 = time.perf_counter()
-    selection = select_days(request.data, request.date_from, request.date_to)
-    resolved = resolve_checkpoint(request.checkpoint, config.feeds, config.storage, config.data_dir)
+    selection = select_days(request.data, request.start_ns, request.end_ns)
+    resolved = (
+        request.checkpoint
+        if isinstance(request.checkpoint, ResolvedCheckpoint)
+        else resolve_checkpoint(request.checkpoint, config.feeds, config.storage, config.data_dir)
+    )
     checkpoint = resolved.checkpoint
     check_compatible(checkpoint)
     specs = _specs(config, request.data)
@@ -210,6 +230,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
             config.policy,
             [v for v in tick_values for _ in range(chunks)],
             config.device,
+            fee_per_contract=config.broker.fee_per_contract,
             max_batch=len(specs) * chunks,
             cpu_threads=config.train.cpu_threads,
         )
@@ -259,10 +280,14 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         for d in np.unique(day_keys)
     }
     wall = time.perf_counter() - wall0
+    performance_all = books.performance(bucket)
     summary = BacktestSummary(
         mode="fast" if request.fast else "event",
+        pnl=performance_all.pnl,
         checkpoint_sha256=checkpoint.sha256,
         data=str(request.data),
+        start=ns_iso(selection.start_ns),
+        end=ns_iso(selection.end_ns),
         first_day=str(selection.first_day),
         last_day=str(selection.last_day),
         instruments=[s.symbol for s in specs],
@@ -271,7 +296,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         decisions=int(valid.sum()),
         orders=int(counts.get("orders", 0)),
         fills=len(fills.bar),
-        performance=books.performance(bucket),
+        performance=performance_all,
         per_instrument={
             s.symbol: books.performance(bucket, books.instrument == i) for i, s in enumerate(specs)
         },
@@ -318,6 +343,7 @@ def _event(
         config.policy,
         [s.tick_value for s in specs],
         config.device,
+        fee_per_contract=config.broker.fee_per_contract,
         max_batch=len(specs),
         cpu_threads=config.train.cpu_threads,
     )

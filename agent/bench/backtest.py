@@ -37,12 +37,12 @@ from rich.progress import Progress
 
 from agent.backtest.event import EventDriver
 from agent.backtest.fast import load_bars, regime_path, run_fast
-from agent.backtest.kernel import ModelDecider
 from agent.bench.feed import feed_file, write_records
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.params import init_params
 from agent.policy.regime import RegimeTracker
+from agent.trading.decider import ModelDecider
 from agent.train.env import AGENT_FEATURES
 from feeds.dbn import iter_mbp10
 from feeds.dbn.framing import concat_mbp10
@@ -91,6 +91,7 @@ def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tu
         config.policy,
         [s.tick_value for s in specs for _ in range(chunks)],
         config.device,
+        fee_per_contract=config.broker.fee_per_contract,
         max_batch=len(specs) * chunks,
         cpu_threads=config.train.cpu_threads,
     )
@@ -111,6 +112,7 @@ def _event(path: Path, config: Config, checkpoint: Checkpoint) -> tuple[float, i
         config.policy,
         [s.tick_value for s in specs],
         config.device,
+        fee_per_contract=config.broker.fee_per_contract,
         max_batch=len(specs),
         cpu_threads=config.train.cpu_threads,
     )

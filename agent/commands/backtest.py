@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
-from agent.backtest.inputs import parse_date
+from agent.backtest.inputs import parse_bound
 from agent.backtest.run import FAST_CHUNKS, BacktestRequest, run_backtest
 from agent.commands.progress import RichProgress
 from agent.config import load_config
@@ -36,8 +36,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="promoted|SHA256|PATH",
         help="the model to trade (default: the promoted one for the configured instruments)",
     )
-    parser.add_argument("--from", dest="date_from", metavar="YYYY-MM-DD", help="first day (UTC, inclusive)")
-    parser.add_argument("--to", dest="date_to", metavar="YYYY-MM-DD", help="last day (UTC, inclusive)")
+    parser.add_argument(
+        "--from",
+        dest="date_from",
+        metavar="WHEN",
+        help="start: a UTC date YYYY-MM-DD (its first instant) or an ISO date-time (included)",
+    )
+    parser.add_argument(
+        "--to",
+        dest="date_to",
+        metavar="WHEN",
+        help="end: a UTC date YYYY-MM-DD (the day included) or an ISO date-time (excluded)",
+    )
     parser.add_argument(
         "--fast", action="store_true", help="vectorised driver instead of the daemon pipeline"
     )
@@ -65,8 +75,8 @@ def _run(args: argparse.Namespace) -> int:
     request = BacktestRequest(
         data=Path(args.data),
         checkpoint=args.checkpoint,
-        date_from=parse_date(args.date_from, "--from") if args.date_from else None,
-        date_to=parse_date(args.date_to, "--to") if args.date_to else None,
+        start_ns=parse_bound(args.date_from, "--from", end=False) if args.date_from else None,
+        end_ns=parse_bound(args.date_to, "--to", end=True) if args.date_to else None,
         fast=args.fast,
         chunks=args.chunks,
     )

@@ -5,7 +5,7 @@ Tasks on one event loop::
     feed ──records──> paper venue (fills against the book)
       │──records──> incremental book/health/bars/features ──bar closes──> [bounded queue]
     decisions <──────────────────────────────────────────────────────────────┘
-      │  one batched InferenceEngine.decide per round of closed bars (all instruments at once)
+      │  the trading step (agent.trading.step), one batched decision per round of closed bars:
       │  regime scale (learned floor) x Kelly -> target -> risk clamp -> delta vs position+working
       ├──orders──> paper broker; their rows ──> [ledger write queue]
       └──orders──> ledger (record_orders, SQL thread) ──> ZMQ gateway (an external venue)
@@ -61,7 +61,6 @@ from agent.control.server import ControlServer
 from agent.daemon.metrics import DaemonMetrics
 from agent.daemon.models import ModelHost, ModelRefused
 from agent.daemon.notify import Notifier
-from agent.daemon.risk import HaltKind, Halts, RiskLimits
 from agent.daemon.scheduler import RetrainResult, RetrainScheduler, default_command
 from agent.daemon.store import SqlWorker
 from agent.daemon.telemetry import Telemetry
@@ -69,17 +68,17 @@ from agent.errors import AgentError
 from agent.execution.ledger_rows import ledger_fills, ledger_orders
 from agent.execution.orders import OpenOrder, OrderManager
 from agent.execution.portfolio import Portfolio
-from agent.execution.protocol import Ack, Cancelled, CancelOrder, Fill, NewOrder, Reject, Report, Side
+from agent.execution.protocol import Ack, Cancelled, CancelOrder, Fill, NewOrder, Reject, Report
 from agent.execution.venues import GatewayVenue, PaperVenue, Venue
 from agent.gpu.errors import InferenceError
-from agent.policy.regime import RegimeTracker
-from agent.train.env import agent_features
+from agent.policy.kelly import regime_clamp
+from agent.trading.decider import EngineDecider
+from agent.trading.risk import HaltKind, Halts
+from agent.trading.step import BarClose, TradingStep, closing_runs
 from agent.train.floors import VOL_REF_FLOOR
-from feeds.book import tick_fixed
 from feeds.dbn.framing import concat_mbp10
-from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
-from feeds.health import fault_mask
-from feeds.records import PRICE_SCALE, UNDEF_PRICE
+from feeds.features import BarFrame, IncrementalFeatures
+from feeds.records import PRICE_SCALE
 from feeds.sources import HealthEvent, HealthKind, RecordBatch, Source, SourceEvent, build_source
 from storage.errors import DatabaseUnavailable, StorageError
 from storage.records import InstrumentInfo, OrderStatus, instrument_set_key
@@ -90,10 +89,8 @@ __all__ = ["Daemon", "run_daemon"]
 
 log = logging.getLogger(__name__)
 
-_LOGRET = FEATURE_NAMES.index("mid_logret")
 _STATUS: dict[type, OrderStatus] = {Ack: "acked", Cancelled: "cancelled", Reject: "rejected"}
 _VERSION = "0.1.0"
-_REPLAY_SLICE = 16
 _INTAKE_BATCHES = 64
 """Record batches a live feed's run waits for at most (one JetStream fetch by default)."""
 
@@ -132,13 +129,11 @@ class Daemon:
         self.specs = list(specs)
         self.symbols = {s.instrument_id: s.symbol for s in specs}
         self.slot = {s.instrument_id: i for i, s in enumerate(specs)}
-        self.tick_px = {s.instrument_id: tick_fixed(s.tick_size) for s in specs}
         self.instrument_set = instrument_set_key([s.symbol for s in specs])
         self.account = config.broker.account
         self.metrics = DaemonMetrics()
         self.notifier = Notifier()
         self.halts = Halts()
-        self.risk = RiskLimits(config.risk)
         self.portfolio = Portfolio(self.specs)
         self.features = IncrementalFeatures(specs, config.feeds.bars, config.feeds.health)
         self.orders = OrderManager("boot")
@@ -150,8 +145,6 @@ class Daemon:
         self.ledger_ns: collections.deque[int] = collections.deque(maxlen=200_000)
         """Duration of each order batch's ledger commit (before the orders leave)."""
         self.counts: collections.Counter[str] = collections.Counter()
-        self.marks: dict[int, float] = {}
-        """Last mid per instrument, 1e-9 fixed point (for unrealised P&L)."""
         self.healthy: dict[int, bool] = dict.fromkeys(self.symbols, False)
         self.state = "starting"
         self.recovered: dict[str, Any] = {}
@@ -162,6 +155,8 @@ class Daemon:
         self._writes: collections.deque[Report | _OrderRows] = collections.deque()
         """Ledger writes in order: reports, and the rows of orders sent to the paper broker."""
         self._writes_ready = asyncio.Event()
+        self._drained = asyncio.Event()
+        """Set when the write queue has been emptied (the replay waits on it)."""
         self._stop = asyncio.Event()
         self._intake_stopped = False
         self._flattening = False
@@ -175,7 +170,7 @@ class Daemon:
         self._models: ModelHost | None = None
         self._venue: Venue | None = None
         self._source: Source | None = None
-        self._regime: RegimeTracker | None = None
+        self._trading: TradingStep | None = None
         self._telemetry: Telemetry | None = None
         self._control: ControlServer | None = None
         self._scheduler: RetrainScheduler | None = None
@@ -242,9 +237,22 @@ class Daemon:
             else 0.0
             for s in self.specs
         ]
-        self._regime = RegimeTracker(cfg.regime, cfg.policy.scale_floor, floor)
+        self._trading = TradingStep(
+            cfg,
+            self.specs,
+            floor,
+            portfolio=self.portfolio,
+            orders=self.orders,
+            features=self.features,
+            cancel=self._cancel,
+        )
         self._models = ModelHost(
-            sql.registry, sql.checkpoints, cfg.policy, [s.tick_value for s in self.specs], cfg.device
+            sql.registry,
+            sql.checkpoints,
+            cfg.policy,
+            [s.tick_value for s in self.specs],
+            cfg.device,
+            fee_per_contract=cfg.broker.fee_per_contract,
         )
         await self._load_initial_model()
         self._ctx = zmq.asyncio.Context()
@@ -273,7 +281,7 @@ class Daemon:
             loop.create_task(self._process_writes(), name="writes"),
             loop.create_task(self._tick(), name="status"),
         ]
-        self.risk.start(self._equity(), time.time_ns())
+        self._trading.risk.start(self._equity(), time.time_ns())
         self.state = "running"
 
     async def _recover(self) -> None:
@@ -499,15 +507,29 @@ class Daemon:
             self._on_records(concat_mbp10([b.records for b in run]), arrivals)
 
     async def _on_replay_batch(self, batch: RecordBatch) -> None:
-        """Replay runs on the feed's clock: slices of :data:`_REPLAY_SLICE` records, and after a
-        slice that closed bars the feed waits for their decisions (no decision is dropped and an
-        order reaches the paper book at most one slice after its bar closed)."""
-        records = batch.records
-        for start in range(0, len(records), _REPLAY_SLICE):
-            self._on_records(records[start : start + _REPLAY_SLICE], time.time_ns())
-            if self._closes:
-                self._idle.clear()
-                await self._idle.wait()
+        """Replay runs on the feed's clock, as the event-driven backtest does
+        (:func:`agent.trading.step.closing_runs`): the records up to one that closes bars reach
+        the venue and the features, the ledger writes they caused are committed (their fills
+        count in the position), then the bars are decided and their orders placed before the
+        next record. A replayed day gives the backtest's decisions, orders and fills."""
+        venue = self._venue
+        assert venue is not None
+        for run, frame in closing_runs(self.features, batch.records):
+            self._feed_clock_ns = max(self._feed_clock_ns, int(run["ts_recv"][-1]))
+            self._feed_wall_ns = time.time_ns()
+            venue.on_records(run)
+            if frame is None:
+                continue
+            await self._writes_drained()
+            self._idle.clear()
+            self._enqueue([frame], [time.time_ns()])
+            await self._idle.wait()
+
+    async def _writes_drained(self) -> None:
+        """Until every queued ledger write is committed and applied."""
+        while self._writes:
+            self._drained.clear()
+            await self._drained.wait()
 
     def _on_records(
         self, records: np.ndarray[Any, np.dtype[np.void]], arrival: int | np.ndarray[Any, np.dtype[np.int64]]
@@ -579,67 +601,50 @@ class Daemon:
             await self._decide_round(batch, last)
 
     async def _decide_round(self, batch: list[tuple[int, tuple[int, int, _Close]]], last: set[int]) -> None:
-        regime = self._regime
-        assert regime is not None
-        n = len(self.specs)
-        logret = np.full(n, np.nan)
-        slots, feats, positions, healthy = [], [], [], []
-        for iid, (_, r, close) in batch:
-            frame = close.frame
-            i = self.slot[iid]
-            tradable = bool(frame.tradable[r])
-            self.healthy[iid] = tradable
-            self.metrics.healthy.labels(instrument=self.symbols[iid]).set(1 if tradable else 0)
-            if tradable:
-                logret[i] = float(frame.features[r, _LOGRET])
-                self.marks[iid] = float(frame.mid_price[r]) * PRICE_SCALE
-            pos = self.portfolio.position(iid)
-            unit = float(np.sign(pos))
-            entry_ticks = self.portfolio.avg_price(iid) / self.tick_px[iid]
-            upnl_ticks = unit * (float(frame.mid_ticks[r]) - entry_ticks) if pos else 0.0
-            agent = agent_features(
-                np, np.float32(unit), np.float64(upnl_ticks), self.config.train.reward_scale
-            )
-            slots.append(i)
-            feats.append(np.concatenate([frame.features[r], agent]))
-            positions.append(pos)
-            healthy.append(tradable)
-        scale = regime.update(logret)
+        trading = self._trading
+        assert trading is not None
+        closes = [BarClose(close.frame, r) for _, (_, r, close) in batch]
+        for c in closes:
+            tradable = bool(c.frame.tradable[c.row])
+            self.healthy[c.instrument_id] = tradable
+            self.metrics.healthy.labels(instrument=self.symbols[c.instrument_id]).set(1 if tradable else 0)
         engine = self._models.engine if self._models is not None else None
         if engine is None:
+            trading.track(closes)
             self.counts["bars_without_model"] += len(batch)
             return
         started = time.perf_counter_ns()
         try:
-            decision = engine.decide(
-                np.asarray(slots),
-                np.asarray(feats, dtype=np.float32),
-                np.asarray(positions),
-                scale[slots],
-                np.asarray(healthy),
-            )
+            step = trading.decide(closes, EngineDecider(engine))
         except InferenceError as exc:
             await self._inference_failed(exc)
             return
         self.decide_ns.append(time.perf_counter_ns() - started)
+        decided = step.decided
+        regime = regime_clamp(step.regime, self.config.policy.scale_floor)
         now = time.time_ns()
         stale_ns = int(self.config.daemon.stale_decision_ms * 1e6)
+        blocked = bool(self.halts) or self._intake_stopped or self._flattening
         orders: list[NewOrder] = []
+        arrivals: list[int] = []
         for j, (iid, (_, r, close)) in enumerate(batch):
-            action = int(decision.action[j])
+            action = int(decided.action[j])
             self.counts["decisions"] += 1
             self.metrics.decisions.labels(
                 instrument=self.symbols[iid], action=("short", "flat", "long")[action]
             ).inc()
-            if iid not in last or not decision.valid[j]:
+            if iid not in last or not decided.valid[j]:
                 continue
             if now - close.arrival_ns > stale_ns:
                 self.counts["stale_decisions"] += 1
                 self.metrics.drops.labels(kind="stale_decision").inc()
                 continue
-            order = self._order_for(iid, int(decision.target[j]), close, r)
+            order = trading.order_for(
+                closes[j], int(decided.target[j]), now_ns=self._feed_clock_ns, blocked=blocked, wall_ns=now
+            )
             if order is not None:
                 orders.append(order)
+                arrivals.append(close.arrival_ns)
             if self._telemetry is not None:
                 self._telemetry.publish(
                     "decision",
@@ -647,90 +652,19 @@ class Daemon:
                         "instrument": self.symbols[iid],
                         "ts_close": int(close.frame.ts_close[r]),
                         "action": action,
-                        "target": int(decision.target[j]),
-                        "size": float(decision.size[j]),
-                        "regime": float(decision.regime_scale[j]),
-                        "model": decision.model_sha256,
+                        "target": int(decided.target[j]),
+                        "size": float(decided.size[j]),
+                        "regime": float(regime[j]),
+                        "model": engine.model_sha256,
                     },
                 )
         if orders:
-            self._place(orders, [c.arrival_ns for c in self._arrivals(orders, batch)])
+            self._place(orders, arrivals)
 
-    def _arrivals(
-        self, orders: list[NewOrder], batch: list[tuple[int, tuple[int, int, _Close]]]
-    ) -> list[_Close]:
-        by_iid = {iid: close for iid, (_, _, close) in batch}
-        return [by_iid[o.instrument_id] for o in orders]
-
-    def _order_for(self, iid: int, target: int, close: _Close, row: int) -> NewOrder | None:
-        """The order moving ``iid`` to ``target`` (risk-clamped), or None.
-
-        Market orders walk the book. Limit orders (``broker.order_type = "limit"``) join the
-        near touch of the bar's close (bid for a buy, ask for a sell); when the target moves
-        while orders of the instrument still work, they are cancelled first and the new order
-        waits for the next bar, so working and new orders never add up past the target.
-        """
-        if self.halts or self._intake_stopped or self._flattening or not self._book_ok(iid):
-            return None
-        delta = self.risk.clamp(target) - (self.portfolio.position(iid) + self.orders.working(iid))
-        limit = self.config.broker.order_type == "limit"
-        if delta == 0 or (limit and self._cancel_working(iid)):
-            return None
-        if not self.risk.order_allowed():
-            self.metrics.rejections.labels(kind="order_rate").inc()
-            return None
-        side: Side = "buy" if delta > 0 else "sell"
-        price = None
-        if limit:
-            touch = float(close.frame.bid_price[row] if side == "buy" else close.frame.ask_price[row])
-            if not touch > 0:
-                return None
-            price = round(touch * PRICE_SCALE)
-        return self.orders.new(
-            iid,
-            side,
-            abs(delta),
-            ts_ns=self._feed_clock_ns,
-            order_type="limit" if limit else "market",
-            limit_price=price,
-            wall_ns=time.time_ns(),
-        )
-
-    def _book_ok(self, iid: int) -> bool:
-        """The instrument's book *now* (its last record, which may be later than the bar close
-        the decision used) passes the record health rules: present, not crossed, sane prices."""
-        book = self.features.by_id[iid].book()
-        if book is None:
-            return False
-        faults = fault_mask(
-            bid=book.bid_px[0],
-            ask=book.ask_px[0],
-            bid_sz=book.bid_sz[0],
-            ask_sz=book.ask_sz[0],
-            trade_price=1,
-            ts=book.ts_recv,
-            clock_before=book.ts_recv,
-            seq=0,
-            seq_before=0,
-            bid_before=UNDEF_PRICE,
-            ask_before=UNDEF_PRICE,
-            tick=self.tick_px[iid],
-            config=self.config.feeds.health,
-        )
-        if faults:
-            self.counts["orders_blocked_by_book"] += 1
-        return not faults
-
-    def _cancel_working(self, iid: int) -> bool:
-        """Cancel the working orders of ``iid``; True when there were some (wait for them)."""
-        entries = self.orders.open_orders(iid)
-        for entry in entries:
-            if not entry.cancel_sent and self._venue is not None:
-                entry.cancel_sent = True
-                self._venue.cancel(
-                    CancelOrder(client_order_id=entry.order.client_order_id, ts_ns=self._feed_clock_ns)
-                )
-        return bool(entries)
+    def _cancel(self, request: CancelOrder) -> None:
+        """The trading step's way to cancel an order (limit orders, flatten, shutdown)."""
+        if self._venue is not None:
+            self._venue.cancel(request)
 
     def _place(self, orders: list[NewOrder], arrivals: list[int]) -> None:
         """Send new orders; their ledger rows are written first or right behind them,
@@ -783,7 +717,6 @@ class Daemon:
         for order, arrival in zip(orders, arrivals, strict=True):
             venue.submit(order)
             sent = time.time_ns()
-            self.risk.order_sent()
             self.latencies_ns.append(sent - arrival)
             self.metrics.decision_latency.observe((sent - arrival) / 1e9)
             self.metrics.orders.labels(instrument=self.symbols[order.instrument_id], side=order.side).inc()
@@ -826,6 +759,7 @@ class Daemon:
                 if self.halts.clear("database"):
                     log.info("database back: orders resume")
                     self._event("resume", "database available again", details={"kind": "database"})
+            self._drained.set()
 
     async def _persist_next(self) -> None:
         """Persist the entries at the head of the queue, then apply them (consecutive order
@@ -970,7 +904,7 @@ class Daemon:
         equity = self._equity()
         self.metrics.pnl.labels(kind="realised").set(self.portfolio.realised())
         self.metrics.pnl.labels(kind="unrealised").set(equity - self.portfolio.realised())
-        breach = self.risk.breach(equity, now_ns)
+        breach = self._trading.risk.breach(equity, now_ns) if self._trading is not None else None
         if breach and "risk" not in self.halts.active:
             log.error("risk limit breached: %s; flattening and halting", breach)
             self._set_halt("risk", breach)
@@ -979,7 +913,7 @@ class Daemon:
             self._flatten_step()
 
     def _equity(self) -> float:
-        return self.portfolio.realised() + self.portfolio.unrealised(self.marks)
+        return self._trading.equity() if self._trading is not None else self.portfolio.realised()
 
     def _refresh_metrics(self) -> None:
         self.metrics.halted.set(1 if self.halts else 0)
@@ -1025,41 +959,23 @@ class Daemon:
     # -- orders maintenance --------------------------------------------------------------------
 
     def _cancel_all(self, why: str) -> int:
-        venue = self._venue
-        if venue is None:
+        if self._venue is None or self._trading is None:
             return 0
-        sent = 0
-        for entry in self.orders.open_orders():
-            if not entry.cancel_sent:
-                entry.cancel_sent = True
-                venue.cancel(
-                    CancelOrder(client_order_id=entry.order.client_order_id, ts_ns=self._feed_clock_ns)
-                )
-                sent += 1
+        sent = self._trading.cancel_all(self._feed_clock_ns)
         if sent:
             log.info("cancel sent for %d open orders (%s)", sent, why)
         return sent
 
     def _flatten_step(self) -> None:
         """Cancel open orders, then close each position with a market order; repeat until flat."""
-        if self.orders.open_orders():
-            self._cancel_all("flatten")
+        if self._venue is None or self._sql is None or self._trading is None:
             return
-        positions = {iid: q for iid, q in self.portfolio.positions().items() if q}
-        if not positions:
+        orders = self._trading.flatten(self._feed_clock_ns, wall_ns=time.time_ns())
+        if orders is None:
             self._flattening = False
             log.info("flat")
-            return
-        venue, sql = self._venue, self._sql
-        if venue is None or sql is None:
-            return
-        orders = [
-            self.orders.new(
-                iid, "sell" if q > 0 else "buy", abs(q), ts_ns=self._feed_clock_ns, wall_ns=time.time_ns()
-            )
-            for iid, q in positions.items()
-        ]
-        self._place(orders, [time.time_ns()] * len(orders))
+        elif orders:
+            self._place(orders, [time.time_ns()] * len(orders))
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -1176,7 +1092,7 @@ class Daemon:
             "realised_pnl": round(realised, 2),
             "unrealised_pnl": round(self._equity() - realised, 2),
             "healthy": {self.symbols[i]: ok for i, ok in self.healthy.items()},
-            "counts": dict(self.counts),
+            "counts": {**self.counts, **(self._trading.status() if self._trading is not None else {})},
             "feed": source.counters.snapshot() if source is not None else {},
             "rejected_records": self.features.rejected,
             "retrain_running": bool(self._scheduler and self._scheduler.busy),

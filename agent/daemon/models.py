@@ -49,8 +49,11 @@ class ModelHost:
         policy: PolicyConfig,
         tick_values: Sequence[float],
         device: DeviceKind,
+        *,
+        fee_per_contract: float,
     ) -> None:
         self._registry = registry
+        self._fee = fee_per_contract
         self._store = store
         self._policy = policy
         self._tick_values = list(tick_values)
@@ -101,7 +104,12 @@ class ModelHost:
 
     def _build(self, checkpoint: Checkpoint, backend: Backend) -> InferenceEngine:
         return InferenceEngine(
-            checkpoint, self._policy, self._tick_values, backend=backend, max_batch=len(self._tick_values)
+            checkpoint,
+            self._policy,
+            self._tick_values,
+            fee_per_contract=self._fee,
+            backend=backend,
+            max_batch=len(self._tick_values),
         )
 
     def fall_back_to_cpu(self) -> None:

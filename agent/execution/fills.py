@@ -19,7 +19,7 @@ Units
 from __future__ import annotations
 
 from types import ModuleType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,6 +30,7 @@ __all__ = [
     "BookFill",
     "Ledger",
     "apply_fills",
+    "execution_rows",
     "fees",
     "position_change_cost_ticks",
     "slippage_vs_mid",
@@ -102,16 +103,37 @@ def fees(filled: Array, fee_per_contract: float) -> Array:
     return xp.abs(filled) * fee_per_contract
 
 
-def position_change_cost_ticks(delta: Array, half_spread_ticks: Array, fee_ticks: float) -> Array:
-    """Cost in ticks of changing a position by ``delta`` contracts, relative to mid.
+def position_change_cost_ticks(
+    delta: Array, buy_cost_ticks: Array, sell_cost_ticks: Array, fee_ticks: Array | float
+) -> Array:
+    """Cost in ticks of changing a position by ``delta`` contracts, relative to the decision's mid.
 
-    The training environment's execution model: every contract crosses half the spread at the
-    top of the book and pays ``fee_ticks = fee_per_contract / tick_value``. This equals
-    :func:`slippage_vs_mid` of :func:`walk_book` (in ticks) plus :func:`fees` whenever the top
-    level holds ``|delta|`` contracts; deeper walks cost more (the broker charges them).
+    The training environment's execution model: a buy fills at the ask of the book the order
+    meets (``buy_cost_ticks`` above the decision bar's mid), a sell at its bid
+    (``sell_cost_ticks`` below it), and every contract pays ``fee_ticks = fee_per_contract /
+    tick_value``. With the book the paper broker's order meets (the one at arrival + latency,
+    :func:`execution_rows`) this equals :func:`slippage_vs_mid` of :func:`walk_book` (in ticks)
+    plus :func:`fees` whenever the top level holds ``|delta|`` contracts; deeper walks cost more
+    (the broker charges them).
     """
-    xp = array_module(delta, half_spread_ticks)
-    return xp.abs(delta) * (half_spread_ticks + fee_ticks)
+    xp = array_module(delta, buy_cost_ticks)
+    side_cost = xp.where(delta > 0, buy_cost_ticks, sell_cost_ticks)
+    return xp.abs(delta) * (side_cost + fee_ticks)
+
+
+def execution_rows(
+    records: np.ndarray[Any, Any], instrument_id: int, close_index: Array, latency_ms: float
+) -> np.ndarray[Any, Any]:
+    """Per bar, the index in ``records`` of the book its order meets, as the paper broker has
+    it: the instrument's last record with ``ts_recv <= t + latency``, ``t`` the ``ts_recv`` of
+    the record after the bar's close (the one that closed it). ``close_index``: the bars' last
+    record indices (:attr:`feeds.features.BarFrame.close_index`)."""
+    mine = np.flatnonzero(records["instrument_id"] == instrument_id)
+    ts = np.maximum.accumulate(records["ts_recv"][mine].astype(np.int64))
+    nxt = np.minimum(np.searchsorted(mine, close_index, side="right"), mine.shape[0] - 1)
+    due = ts[nxt] + round(latency_ms * 1_000_000)
+    out: np.ndarray[Any, Any] = mine[np.searchsorted(ts, due, side="right") - 1]
+    return out
 
 
 def step_pnl_ticks(
@@ -120,19 +142,20 @@ def step_pnl_ticks(
     mark_now: Array,
     mark_next: Array,
     *,
-    half_spread_ticks: Array,
-    fee_ticks: float,
+    buy_cost_ticks: Array,
+    sell_cost_ticks: Array,
+    fee_ticks: Array | float,
 ) -> tuple[Array, Array]:
     """Mark-to-market P&L in ticks of one decision step, as ``(gross, cost)``.
 
     At the decision bar the position moves from ``pos_prev`` to ``pos_new`` (cost charged by
     :func:`position_change_cost_ticks`), then it is held until the next bar:
     ``gross = pos_new * (mark_next - mark_now)``. Summed over a path, ``gross - cost`` equals the
-    ledger's realised + unrealised P&L minus fees (:func:`apply_fills` filling at mid +/- half the
-    spread), which the tests check.
+    ledger's realised + unrealised P&L minus fees (:func:`apply_fills` filling at mid + buy cost or
+    mid - sell cost), which the tests check.
     """
     gross = pos_new * (mark_next - mark_now)
-    cost = position_change_cost_ticks(pos_new - pos_prev, half_spread_ticks, fee_ticks)
+    cost = position_change_cost_ticks(pos_new - pos_prev, buy_cost_ticks, sell_cost_ticks, fee_ticks)
     return gross, cost
 
 

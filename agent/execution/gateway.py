@@ -8,7 +8,10 @@ configured source (the same NATS feed the daemon reads) and keeps, per account, 
 
 Protocol duties (:mod:`agent.execution.protocol`): answer ``Hello`` with a heartbeat carrying
 the journal's last ``seq`` and then replay every report after the daemon's ``last_seq``; send a
-heartbeat every second to each known account; validate every frame (an invalid one is counted
+heartbeat every second to each known account; execute orders on the feed's clock even when the
+feed is quiet (its last record's time, advanced by the wall clock since: an order sent after
+the last record of a session is still acknowledged and executes against the last book, as the
+daemon's own paper venue does); validate every frame (an invalid one is counted
 and answered with nothing, since it has no order id to reject). The journal is kept in memory
 for the life of the process: a restarted reference gateway starts a new journal, and the open
 orders of the old process are gone (the daemon's ack timeout and order reconciliation cover it).
@@ -65,6 +68,8 @@ class GatewayServer:
         self._sock: zmq.asyncio.Socket | None = None
         self.invalid_frames = 0
         self.records = 0
+        self._feed_clock_ns = 0
+        self._feed_wall_ns = 0
 
     def bind(self) -> None:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -88,7 +93,11 @@ class GatewayServer:
     async def serve(self) -> None:
         """Answer clients and send heartbeats until cancelled."""
         assert self._sock is not None, "bind() first"
-        beat = asyncio.get_running_loop().create_task(self._heartbeats(), name="gateway-heartbeats")
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.create_task(self._heartbeats(), name="gateway-heartbeats"),
+            loop.create_task(self._clock(), name="gateway-clock"),
+        ]
         try:
             while True:
                 frames = await self._sock.recv_multipart()
@@ -97,14 +106,18 @@ class GatewayServer:
                     continue
                 self._on_frame(frames[0], frames[1])
         finally:
-            beat.cancel()
-            await asyncio.gather(beat, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def feed(self, events: AsyncIterator[RecordBatch | HealthEvent]) -> None:
         """Drive every account's book from a source until it ends."""
         async for event in events:
             if isinstance(event, RecordBatch):
                 self.records += len(event)
+                if len(event):
+                    self._feed_clock_ns = max(self._feed_clock_ns, int(event.records["ts_recv"][-1]))
+                    self._feed_wall_ns = time.time_ns()
                 for account in self._accounts.values():
                     self._publish(account, account.broker.on_records(event.records))
 
@@ -164,6 +177,16 @@ class GatewayServer:
         except (zmq.Again, zmq.ZMQError) as exc:
             # The peer is gone or slow: the report stays in the journal and is replayed on Hello.
             log.debug("gateway: report not delivered now (%s); kept in the journal", exc)
+
+    async def _clock(self) -> None:
+        """Execute what is due on the feed's clock while the feed is quiet (every 50 ms)."""
+        while True:
+            await asyncio.sleep(0.05)
+            if not self._feed_clock_ns:
+                continue
+            now = self._feed_clock_ns + max(0, time.time_ns() - self._feed_wall_ns)
+            for account in self._accounts.values():
+                self._publish(account, account.broker.advance(now))
 
     async def _heartbeats(self) -> None:
         while True:

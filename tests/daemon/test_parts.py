@@ -18,12 +18,13 @@ import zmq.asyncio
 
 from agent.config import ConfigError, load_config
 from agent.daemon.app import closing_arrivals
-from agent.daemon.config import RiskConfig, ScheduleConfig
+from agent.daemon.config import ScheduleConfig
 from agent.daemon.metrics import DaemonMetrics
-from agent.daemon.risk import Halts, RiskLimits
 from agent.daemon.scheduler import RetrainResult, RetrainScheduler, default_command
 from agent.daemon.telemetry import Telemetry
 from agent.errors import AgentError
+from agent.trading.config import RiskConfig
+from agent.trading.risk import Halts, RiskLimits
 from feeds.features import BarFrame
 from feeds.records import MBP10_DTYPE
 

@@ -150,10 +150,10 @@ def test_paper_session_over_nats_trades_fills_and_records(
     assert total > 1000
 
 
-def _settled(daemon: DaemonProcess, settle_s: float = 1.0) -> dict[str, Any]:
+def _settled(daemon: DaemonProcess, settle_s: float = 1.0, timeout_s: float = 60.0) -> dict[str, Any]:
     """The daemon's status once the feed is consumed and trading has settled: no order open
     and records, decisions, orders and fills unchanged for ``settle_s`` (the last bar closes'
-    decisions and their fills land after the last record is read)."""
+    decisions and their fills land after the last record is read); fails after ``timeout_s``."""
 
     def moving(status: dict[str, Any]) -> tuple[Any, ...]:
         counts = status["counts"]
@@ -161,8 +161,10 @@ def _settled(daemon: DaemonProcess, settle_s: float = 1.0) -> dict[str, Any]:
 
     last: tuple[Any, ...] = ()
     since = time.monotonic()
+    deadline = since + timeout_s
     while True:
         status = daemon.status()
+        assert time.monotonic() < deadline, f"never settled: {status}\n{daemon.log_tail()}"
         now = moving(status)
         if now != last or status["open_orders"]:
             last, since = now, time.monotonic()

@@ -72,7 +72,13 @@ def test_unit_order_at_the_top_costs_half_the_spread_plus_fees() -> None:
     np.testing.assert_allclose(slippage_vs_mid(filled, avg, mid), [0.5, 0.5])
     np.testing.assert_allclose(fees(filled, 1.25), [1.25, 1.25])
     # The environment's cost model agrees with the book walk for unit sizes at the top.
-    np.testing.assert_allclose(position_change_cost_ticks(filled, np.array([0.5, 0.5]), 0.1), [0.6, 0.6])
+    half = np.array([0.5, 0.5])
+    np.testing.assert_allclose(position_change_cost_ticks(filled, half, half, 0.1), [0.6, 0.6])
+    # a book that moved by arrival: the buy pays 1.5 ticks over the decision's mid, the sell
+    # gets 0.5 under it
+    np.testing.assert_allclose(
+        position_change_cost_ticks(filled, np.array([1.5, 1.5]), half, 0.1), [1.6, 0.6]
+    )
 
 
 def test_ledger_open_add_reduce_flip_close() -> None:
@@ -98,20 +104,27 @@ def test_step_pnl_matches_ledger_accounting_on_a_random_path() -> None:
     rng = np.random.default_rng(7)
     n = 500
     mid = 1000 + np.cumsum(rng.integers(-2, 3, n)) * 0.5
-    half = rng.choice([0.5, 1.0, 1.5], n)
+    buy = rng.choice([0.5, 1.0, 1.5], n)
+    sell = rng.choice([-0.5, 0.5, 1.0], n)
     pos = rng.integers(-1, 2, n).astype(np.float64)
     pos[-1] = 0.0  # end flat so the ledger has realised everything
     fee_ticks = 0.08
     prev = np.concatenate([[0.0], pos[:-1]])
     gross, cost = step_pnl_ticks(
-        prev, pos, mid, np.concatenate([mid[1:], mid[-1:]]), half_spread_ticks=half, fee_ticks=fee_ticks
+        prev,
+        pos,
+        mid,
+        np.concatenate([mid[1:], mid[-1:]]),
+        buy_cost_ticks=buy,
+        sell_cost_ticks=sell,
+        fee_ticks=fee_ticks,
     )
     led = Ledger.flat(1)
     fee_total = 0.0
     for t in range(n):
         q = pos[t] - prev[t]
         if q:
-            px = mid[t] + np.sign(q) * half[t]
+            px = mid[t] + buy[t] if q > 0 else mid[t] - sell[t]
             led = apply_fills(led, np.array([q]), np.array([px]))
             fee_total += abs(q) * fee_ticks
     assert (gross - cost).sum() == pytest.approx(led.realised_px[0] - fee_total, abs=1e-9)

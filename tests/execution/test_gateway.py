@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -118,6 +119,37 @@ async def test_invalid_frames_are_counted_and_never_crash_the_gateway() -> None:
         assert not serving.done()
     finally:
         dealer.close(linger=0)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        server.close()
+        ctx.destroy(linger=0)
+
+
+async def test_an_order_after_the_last_record_executes_on_the_feed_clock() -> None:
+    """A quiet feed (the end of a session) does not leave orders without an ack: the gateway
+    advances its books on the last record's time plus the wall time since."""
+    ctx = zmq.asyncio.Context()
+    config = BrokerConfig(mode="gateway", gateway_endpoint=_endpoint(), latency_ms=20.0, account="acct")
+    server = GatewayServer(ctx, config, [ES])
+    server.bind()
+    serving = asyncio.create_task(server.serve())
+    now = time.time_ns()
+
+    async def one_book() -> AsyncIterator[RecordBatch]:
+        yield RecordBatch(_book(now), 0)
+
+    got: list[Report] = []
+    venue = GatewayVenue(ctx, config, got.append)
+    try:
+        await venue.start()
+        await _wait_for(lambda: venue.healthy)
+        await server.feed(one_book())  # the feed ends after one record
+        venue.submit(NewOrder(client_order_id="s1-1", instrument_id=ES, side="buy", qty=2, ts_ns=now))
+        await _wait_for(lambda: len(got) >= 2)
+        assert isinstance(got[0], Ack) and got[0].ts_ns == now + 20 * MS
+        assert isinstance(got[1], Fill) and got[1].qty == 2 and got[1].price == px(1)
+    finally:
+        await venue.close()
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
         server.close()

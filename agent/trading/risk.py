@@ -21,7 +21,7 @@ import collections
 import time
 from typing import Literal
 
-from agent.daemon.config import RiskConfig
+from agent.trading.config import RiskConfig
 
 __all__ = ["LATCHED", "HaltKind", "Halts", "RiskLimits"]
 

@@ -1,0 +1,1 @@
+"""The one trading step (observation -> decision -> size -> risk -> order) and what it needs."""

@@ -1,0 +1,275 @@
+"""One trading step: observation -> decision -> size -> risk -> order (DESIGN section 3).
+
+The daemon (:mod:`agent.daemon.app`), the event-driven backtest (:mod:`agent.backtest.event`)
+and, through it, the trainer's as-traded evaluation of each fold run this class, so what the
+promotion gate scores is what the daemon trades. The vectorised backtest
+(:mod:`agent.backtest.fast`) applies the same rules on arrays and a parity test holds the two
+together.
+
+A step, for the bars that closed together (one per instrument):
+
+1. the regime trackers advance with each tradable bar's mid log-return (NaN keeps the state);
+2. the observation rows are built (:func:`agent.trading.observation.observation_rows`) from the
+   bar's features and the instrument's position and entry price;
+3. the decider picks the action (Thompson) and sizes it (Kelly x regime, the instrument's
+   round-trip cost: :mod:`agent.policy.kelly`), one batched call;
+4. :meth:`TradingStep.order_for` turns a valid target into an order: none while blocked (a halt,
+   a stop, a flatten), nor on a book that fails the record health rules now; the target is
+   clamped to ``risk.max_position``, the order is the difference to position plus working
+   orders, and the order-rate limit counts it.
+
+The clock and the venue are injected: each call takes the time it happens at (the feed clock in
+a replay or a backtest, the wall clock live) and the step cancels working limit orders through
+the ``cancel`` callable it was given. It never sends an order itself: the caller records it in
+the ledger and sends it the way its venue needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.config import Config
+from agent.execution.orders import OrderManager
+from agent.execution.portfolio import Portfolio
+from agent.execution.protocol import CancelOrder, NewOrder, Side
+from agent.policy.regime import RegimeTracker
+from agent.trading.decider import Decided, Decider
+from agent.trading.observation import observation_rows
+from agent.trading.risk import RiskLimits
+from feeds.book import tick_fixed
+from feeds.config import InstrumentSpec
+from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
+from feeds.health import fault_mask
+from feeds.records import MBP10_DTYPE, PRICE_SCALE, UNDEF_PRICE
+
+__all__ = ["BarClose", "Step", "TradingStep", "closing_runs"]
+
+_LOGRET = FEATURE_NAMES.index("mid_logret")
+_RECORD = MBP10_DTYPE.itemsize
+
+
+def closing_runs(
+    features: IncrementalFeatures, records: np.ndarray[Any, Any]
+) -> Iterator[tuple[np.ndarray[Any, Any], BarFrame | None]]:
+    """Walk ``records`` (feed order) through ``features`` one record at a time; yield each run of
+    records that ends with one closing bars, with the bars it closed, then the records left
+    (frame None). The event-driven backtest and the daemon's replay both hand each run to their
+    venue, then decide its bars before the next record: an order placed at the closing record's
+    ``ts_recv`` meets the book as it stands after that record, never a later one."""
+    raw = np.ascontiguousarray(records).data.cast("B")
+    push = features.push
+    start = 0
+    for k in range(records.shape[0]):
+        frame = push(raw[k * _RECORD : (k + 1) * _RECORD])
+        if frame is not None:
+            yield records[start : k + 1], frame
+            start = k + 1
+    if start < records.shape[0]:
+        yield records[start:], None
+
+
+@dataclass(frozen=True, slots=True)
+class BarClose:
+    """Row ``row`` of ``frame``: one closed bar of one instrument."""
+
+    frame: BarFrame
+    row: int
+
+    @property
+    def instrument_id(self) -> int:
+        return self.frame.instrument_id
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one step decided, row by row in the order of its closes."""
+
+    slots: npt.NDArray[np.int64]
+    """Instrument index (position in the step's instrument list) per row."""
+    decided: Decided
+    regime: npt.NDArray[np.float64]
+    """Regime tracker scale per row (before the sizing's clamp to [scale_floor, 1])."""
+    positions: npt.NDArray[np.int64]
+    """Position per row before the decision."""
+
+
+class TradingStep:
+    """The trading step for ``specs`` (one decider slot per instrument, in ``specs`` order).
+
+    ``floors`` are the learned regime floors per instrument. ``portfolio`` and ``orders`` are the
+    caller's books (it applies fills and reports to them); ``features`` is the caller's
+    incremental feature builder, read for the book an order would meet.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        specs: Sequence[InstrumentSpec],
+        floors: Sequence[float],
+        *,
+        portfolio: Portfolio,
+        orders: OrderManager,
+        features: IncrementalFeatures,
+        cancel: Callable[[CancelOrder], None],
+    ) -> None:
+        self.config = config
+        self.specs = list(specs)
+        self.slot = {s.instrument_id: i for i, s in enumerate(self.specs)}
+        self.tick_px = np.asarray([float(tick_fixed(s.tick_size)) for s in self.specs])
+        self.regime = RegimeTracker(config.regime, config.policy.scale_floor, list(floors))
+        self.risk = RiskLimits(config.risk)
+        self.portfolio = portfolio
+        self.orders = orders
+        self.features = features
+        self.cancel = cancel
+        self.marks: dict[int, float] = {}
+        """Last trusted bar-close mid per instrument, 1e-9 fixed point (unrealised P&L)."""
+        self.blocked_by_book = 0
+        """Orders not sent because the instrument's book failed the health rules."""
+
+    def track(self, closes: Sequence[BarClose]) -> npt.NDArray[np.float64]:
+        """Step 1 alone (also while no model serves, so that the trackers stay warm): the
+        regime scale per close, and the marks of the tradable ones."""
+        logret = np.full(len(self.specs), np.nan)
+        slots = np.empty(len(closes), dtype=np.int64)
+        for j, close in enumerate(closes):
+            i = slots[j] = self.slot[close.instrument_id]
+            frame, r = close.frame, close.row
+            if frame.tradable[r]:
+                logret[i] = float(frame.features[r, _LOGRET])
+                self.marks[close.instrument_id] = float(frame.mid_price[r]) * PRICE_SCALE
+        out: npt.NDArray[np.float64] = self.regime.update(logret)[slots]
+        return out
+
+    def decide(self, closes: Sequence[BarClose], decider: Decider) -> Step:
+        """Steps 1-3 for bars of distinct instruments that closed together."""
+        scale = self.track(closes)
+        slots = np.asarray([self.slot[c.instrument_id] for c in closes], dtype=np.int64)
+        ids = [c.instrument_id for c in closes]
+        positions = np.asarray([self.portfolio.position(iid) for iid in ids], dtype=np.int64)
+        rows = observation_rows(
+            np.stack([c.frame.features[c.row] for c in closes]),
+            positions=positions,
+            entry_px=np.asarray([self.portfolio.avg_price(iid) for iid in ids], dtype=np.float64),
+            mid_ticks=np.asarray([c.frame.mid_ticks[c.row] for c in closes], dtype=np.float64),
+            tick_px=self.tick_px[slots],
+            reward_scale=self.config.train.reward_scale,
+        )
+        healthy = np.asarray([bool(c.frame.tradable[c.row]) for c in closes])
+        decided = decider.decide(slots, rows, positions, scale, healthy)
+        return Step(slots=slots, decided=decided, regime=scale, positions=positions)
+
+    def order_for(
+        self, close: BarClose, target: int, *, now_ns: int, blocked: bool, wall_ns: int = 0
+    ) -> NewOrder | None:
+        """Step 4: the order moving ``close``'s instrument to ``target`` (risk-clamped), or None.
+
+        Market orders walk the book. Limit orders (``broker.order_type = "limit"``) join the
+        near touch of the bar's close (bid for a buy, ask for a sell); when the target moves
+        while orders of the instrument still work, they are cancelled first and the new order
+        waits for the next bar, so working and new orders never add up past the target.
+        ``now_ns`` is the step's clock (the order's time and the order-rate window);
+        ``wall_ns`` is when it leaves this process (the acknowledgement timeout's clock).
+        """
+        iid = close.instrument_id
+        if blocked or not self.book_ok(iid):
+            return None
+        delta = self.risk.clamp(target) - (self.portfolio.position(iid) + self.orders.working(iid))
+        limit = self.config.broker.order_type == "limit"
+        if delta == 0 or (limit and self._cancel_working(iid, now_ns)):
+            return None
+        if not self.risk.order_allowed(now_ns / 1e9):
+            return None
+        side: Side = "buy" if delta > 0 else "sell"
+        price = None
+        if limit:
+            frame, r = close.frame, close.row
+            touch = float(frame.bid_price[r] if side == "buy" else frame.ask_price[r])
+            if not touch > 0:
+                return None
+            price = round(touch * PRICE_SCALE)
+        self.risk.order_sent(now_ns / 1e9)
+        return self.orders.new(
+            iid,
+            side,
+            abs(delta),
+            ts_ns=now_ns,
+            order_type="limit" if limit else "market",
+            limit_price=price,
+            wall_ns=wall_ns,
+        )
+
+    def book_ok(self, iid: int) -> bool:
+        """The instrument's book *now* (its last record, which may be later than the bar close
+        the decision used) passes the record health rules: present, not crossed, sane prices."""
+        book = self.features.by_id[iid].book()
+        if book is None:
+            return False
+        faults = fault_mask(
+            bid=book.bid_px[0],
+            ask=book.ask_px[0],
+            bid_sz=book.bid_sz[0],
+            ask_sz=book.ask_sz[0],
+            trade_price=1,
+            ts=book.ts_recv,
+            clock_before=book.ts_recv,
+            seq=0,
+            seq_before=0,
+            bid_before=UNDEF_PRICE,
+            ask_before=UNDEF_PRICE,
+            tick=self.tick_px[self.slot[iid]],
+            config=self.config.feeds.health,
+        )
+        if faults:
+            self.blocked_by_book += 1
+        return not faults
+
+    def _cancel_working(self, iid: int, now_ns: int) -> bool:
+        """Cancel the working orders of ``iid``; True when there were some (wait for them)."""
+        entries = self.orders.open_orders(iid)
+        for entry in entries:
+            if not entry.cancel_sent:
+                entry.cancel_sent = True
+                self.cancel(CancelOrder(client_order_id=entry.order.client_order_id, ts_ns=now_ns))
+        return bool(entries)
+
+    def cancel_all(self, now_ns: int) -> int:
+        """Cancel every open order (once each); the number of cancels sent."""
+        sent = 0
+        for entry in self.orders.open_orders():
+            if not entry.cancel_sent:
+                entry.cancel_sent = True
+                self.cancel(CancelOrder(client_order_id=entry.order.client_order_id, ts_ns=now_ns))
+                sent += 1
+        return sent
+
+    def equity(self) -> float:
+        """Realised plus unrealised P&L at the last trusted marks (currency)."""
+        return self.portfolio.realised() + self.portfolio.unrealised(self.marks)
+
+    def breach(self, now_ns: int) -> str | None:
+        """The loss or drawdown breach at ``now_ns`` (the caller flattens and halts), or None."""
+        return self.risk.breach(self.equity(), now_ns)
+
+    def flatten(self, now_ns: int, wall_ns: int = 0) -> list[NewOrder] | None:
+        """One flatten step: cancel the open orders first (an empty list: wait for their
+        reports), then a market order closing each position; None once flat."""
+        if self.orders.open_orders():
+            self.cancel_all(now_ns)
+            return []
+        positions = {iid: q for iid, q in self.portfolio.positions().items() if q}
+        if not positions:
+            return None
+        return [
+            self.orders.new(iid, "sell" if q > 0 else "buy", abs(q), ts_ns=now_ns, wall_ns=wall_ns)
+            for iid, q in positions.items()
+        ]
+
+    def status(self) -> dict[str, Any]:
+        """Counters for status reports."""
+        return {"orders_blocked_by_book": self.blocked_by_book, "throttled_orders": self.risk.throttled}
