@@ -83,7 +83,13 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
             log.info("writing %d synthetic trading days of ES", STANDARD_DAYS)
             write_synthetic(data, instruments=es, synth=SynthConfig(days=STANDARD_DAYS), seed=config.seed)
         start = time.perf_counter()
-        bars = load_archive(data, config.feeds, es, fee_per_contract=config.broker.fee_per_contract)
+        bars = load_archive(
+            data,
+            config.feeds,
+            es,
+            fee_per_contract=config.broker.fee_per_contract,
+            latency_ms=config.broker.latency_ms,
+        )
         load_s = time.perf_counter() - start
         return measure(
             config,

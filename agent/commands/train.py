@@ -91,8 +91,16 @@ def _run(args: argparse.Namespace) -> int:
         state = "promoted" if summary.promoted else ("halted" if summary.halted else summary.candidate_status)
         print(f"run {summary.run_id}: {state}; candidate {summary.candidate_sha256 or '-'}")
         for fold in summary.folds:
-            base = ", ".join(f"{k} {v:.2f}" for k, v in fold.baselines.items())
-            print(f"  fold {fold.index}: OOS sharpe {fold.sharpe:.2f} ({base})")
+            base = ", ".join(f"{k} {v.pnl:,.2f}" for k, v in fold.baselines.items())
+            t = fold.as_traded
+            print(
+                f"  fold {fold.index} [{fold.test_from} .. {fold.test_to}): as traded P&L {t.pnl:,.2f}, "
+                f"Sharpe {t.sharpe:.2f}, PSR {t.psr:.3f} (baselines P&L: {base}; "
+                f"greedy one-contract P&L {fold.greedy_unit.pnl:,.2f})"
+            )
+        if summary.gate is not None and not summary.gate.passed:
+            for reason in summary.gate.reasons:
+                print(f"  not promoted: {reason}")
         if summary.halt_reason:
             print(f"  halt: {summary.halt_reason}")
     console.print(f"summary: {summary_path}\nreport:  {report_path}")

@@ -22,6 +22,7 @@ COLOURS = {
     "flat": "#6e7781",
     "random": "#cf222e",
     "long": "#1a7f37",
+    "greedy_unit": "#9a6700",
     "threshold": "#bc4c00",
 }
 """Colours of the policies and markers that both reports draw."""

@@ -69,20 +69,33 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     over 20 days or more, else intraday buckets giving 20+ returns (:mod:`agent.train.metrics`)."""
     # --- gates --------------------------------------------------------------------------------
     drift_ratio: float = 2.0
-    """Q-drift halt: |q| > drift_ratio x |q_prev| ..."""
-    drift_abs: float = 1.5
-    """... and |q| > drift_abs (normalised units), or anything non-finite."""
-    min_q_spread: float = 1e-3
-    """Kill: mean over probe windows of max_a Q - min_a Q must reach this (normalised units)."""
+    """Q-drift halt, from a fold's second epoch: |q| > drift_ratio x |q_prev| ..."""
+    drift_abs_frac: float = 0.5
+    """... and |q| > drift_abs_frac x max(|v_min|, |v_max|) of the model's C51 support, or anything
+    non-finite. Trained tiny models (support +/-5) settle at |q| up to 1.9 (0.37 of the half-width)
+    from costs alone; a diverging one runs to the support's edge."""
+    max_nonfinite_rate: float = 0.01
+    """Halt: share of an epoch's updates skipped for a non-finite gradient above this."""
+    min_q_spread_frac: float = 0.01
+    """Kill: mean over probe windows of max_a Q - min_a Q must reach this fraction of the support
+    width v_max - v_min."""
     min_action_entropy: float = 0.05
     """Kill: entropy (nats) of the greedy action mix on the probe windows must reach this."""
-    min_return_vs_random: float = 0.0
-    """Kill: out-of-sample P&L minus the random baseline's (currency) must exceed this."""
+    min_edge_t: float = 3.0
+    """Kill: Welch t of the greedy policy's gross P&L per position-bar over the random policy's on
+    each fold's test block must reach this (no edge: about N(0, 1))."""
     early_epochs: int = 2
-    min_early_q_move: float = 1e-3
-    """Kill: within the first ``early_epochs`` epochs the probe Q-mean must move this much."""
-    promotion_margin: float = 0.1
-    """Promotion: OOS Sharpe must exceed the incumbent's (same folds) by this much."""
+    min_early_q_move_frac: float = 0.001
+    """Kill: within a fold's first ``early_epochs`` epochs the probe Q-mean must move this fraction
+    of the support width from its value before the fold's training."""
+    min_psr: float = 0.95
+    """Promotion: probabilistic Sharpe ratio of the as-traded OOS bucket returns against flat
+    (deflated for the number of trials) must reach this."""
+    incumbent_margin: float = 0.05
+    """Promotion: the per-bucket Sharpe ratio (not annualised) of candidate minus incumbent bucket
+    P&L on the same folds must exceed this ..."""
+    min_incumbent_psr: float = 0.9
+    """... with this probability (probabilistic Sharpe of the difference series)."""
     max_drawdown: float = 10_000.0
     """Promotion: OOS max drawdown (currency, the positions as trained) must stay within this."""
 
@@ -112,7 +125,7 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             "adam_eps": self.adam_eps,
             "grad_clip": self.grad_clip,
             "drift_ratio": self.drift_ratio,
-            "drift_abs": self.drift_abs,
+            "drift_abs_frac": self.drift_abs_frac,
             "max_drawdown": self.max_drawdown,
         }
         for name, fvalue in positive.items():
@@ -128,3 +141,10 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             raise ValueError("batch_size must not exceed replay_capacity")
         if self.sharpe_bucket_s < 0 or self.return_loss_weight < 0:
             raise ValueError("sharpe_bucket_s and return_loss_weight must be >= 0")
+        for name, prob in (
+            ("max_nonfinite_rate", self.max_nonfinite_rate),
+            ("min_psr", self.min_psr),
+            ("min_incumbent_psr", self.min_incumbent_psr),
+        ):
+            if not 0.0 <= prob <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {prob}")

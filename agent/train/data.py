@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from agent.execution.fills import execution_rows
 from agent.train.env import InstrumentBars
 from agent.train.errors import TrainError
 from feeds.config import FeedsConfig, InstrumentSpec
@@ -42,23 +44,33 @@ def load_archive(
     instruments: Sequence[InstrumentSpec],
     *,
     fee_per_contract: float,
+    latency_ms: float,
     on_file: Callable[[Path], None] | None = None,
 ) -> dict[str, InstrumentBars]:
-    """Bars of ``instruments`` from every DBN file under ``path``, in time order.
+    """Bars of ``instruments`` from every DBN file under ``path``, in time order, each with the
+    best bid and ask of the book an order sent at its close meets ``latency_ms`` later (the
+    paper broker's rule: :func:`agent.execution.fills.execution_rows`).
 
     Raises :class:`TrainError` when an instrument has no bar at all, and the feeds errors
     (``DBNFormatError``) for unreadable input. ``on_file`` is called after each file.
     """
     files = dbn_files(path)
     frames: dict[str, list[BarFrame]] = {spec.symbol: [] for spec in instruments}
+    books: dict[str, list[np.ndarray[Any, Any]]] = {spec.symbol: [] for spec in instruments}
     for file in files:
         known = set(read_metadata(file).symbols.values())
         wanted = [spec for spec in instruments if spec.symbol in known or not known]
         if wanted:
-            result = compute_all(read_mbp10(file), wanted, feeds.bars, feeds.health)
-            for symbol, frame in result.frames.items():
+            records = read_mbp10(file)
+            result = compute_all(records, wanted, feeds.bars, feeds.health)
+            for spec in wanted:
+                frame = result.frames[spec.symbol]
                 if len(frame):
-                    frames[symbol].append(frame)
+                    frames[spec.symbol].append(frame)
+                    rows = execution_rows(records, spec.instrument_id, frame.close_index, latency_ms)
+                    books[spec.symbol].append(
+                        np.stack([records["bid_px_00"][rows], records["ask_px_00"][rows]]).astype(np.int64)
+                    )
         if on_file is not None:
             on_file(file)
     out: dict[str, InstrumentBars] = {}
@@ -69,5 +81,8 @@ def load_archive(
         order = np.argsort(frame.ts_close, kind="stable")
         if not np.array_equal(order, np.arange(order.shape[0])):
             raise TrainError(f"{path}: the bars of {spec.symbol} are not in time order across files")
-        out[spec.symbol] = InstrumentBars.from_frame(frame, spec, fee_per_contract)
+        bid, ask = np.concatenate(books[spec.symbol], axis=1)
+        out[spec.symbol] = InstrumentBars.from_frame(
+            frame, spec, fee_per_contract, exec_bid=bid, exec_ask=ask
+        )
     return out

@@ -6,9 +6,10 @@ range (a fold's train or test span) concatenated, with their normalised market f
 
 Step at decision bar ``t`` with action ``a`` (index into short, flat, long; target ``a - 1``):
 
-* the position moves to the target, paying ``|delta| * (half_spread_t + fee_ticks)`` ticks
-  (:func:`agent.execution.fills.step_pnl_ticks`, the paper broker's maths for a unit order at the
-  top of the book);
+* the position moves to the target at the book the order meets, as the paper broker fills it:
+  the instrument's book at arrival + ``broker.latency_ms`` after the record that closed bar
+  ``t`` (a buy pays that book's ask, a sell its bid, relative to bar ``t``'s mid, plus
+  ``fee_ticks`` a contract: :func:`agent.execution.fills.step_pnl_ticks`);
 * it is held to the next bar: ``gross = pos * (mark_{t+1} - mark_t)`` ticks;
 * ``reward = (gross - cost) * reward_scale`` in normalised units.
 
@@ -39,8 +40,10 @@ import numpy as np
 from agent.execution.fills import step_pnl_ticks
 from agent.model.arrays import Array, to_numpy
 from agent.train.errors import TrainError
+from feeds.book import tick_fixed
 from feeds.config import InstrumentSpec
 from feeds.features import FEATURE_NAMES, BarFrame
+from feeds.records import UNDEF_PRICE
 
 __all__ = [
     "AGENT_FEATURES",
@@ -80,6 +83,11 @@ class InstrumentBars:
     """(T,) float64 mid at the close, in ticks."""
     spread_ticks: np.ndarray[Any, Any]
     """(T,) float64 spread at the close, in ticks."""
+    buy_cost_ticks: np.ndarray[Any, Any]
+    """(T,) float64: the ask an order sent at the bar's close meets (the book at arrival +
+    latency) minus the close mid, in ticks (NaN where that book has no ask)."""
+    sell_cost_ticks: np.ndarray[Any, Any]
+    """(T,) float64: the close mid minus the bid that order meets, in ticks."""
     tradable: np.ndarray[Any, Any]
     """(T,) bool health mask."""
     tick_value: float
@@ -88,12 +96,28 @@ class InstrumentBars:
     """Fee per contract in ticks (``fee_per_contract / tick_value``)."""
 
     @classmethod
-    def from_frame(cls, frame: BarFrame, spec: InstrumentSpec, fee_per_contract: float) -> InstrumentBars:
-        """Adapt a :class:`feeds.features.BarFrame`; bars with non-finite values are marked not
-        tradable (their features zeroed) rather than passed on as valid."""
+    def from_frame(
+        cls,
+        frame: BarFrame,
+        spec: InstrumentSpec,
+        fee_per_contract: float,
+        *,
+        exec_bid: np.ndarray[Any, Any],
+        exec_ask: np.ndarray[Any, Any],
+    ) -> InstrumentBars:
+        """Adapt a :class:`feeds.features.BarFrame`; ``exec_bid``/``exec_ask`` are the best bid
+        and ask (1e-9 fixed point) of the book each bar's order meets
+        (:func:`agent.execution.fills.execution_rows`). Bars with non-finite values, or whose
+        order would meet no two-sided book, are marked not tradable (their features zeroed)
+        rather than passed on as valid."""
         feats = np.asarray(frame.features, dtype=np.float32)
-        finite = np.isfinite(feats).all(axis=1) & np.isfinite(frame.mid_ticks)
-        finite &= np.isfinite(frame.spread_ticks)
+        tick = float(tick_fixed(spec.tick_size))
+        mid = frame.mid_ticks
+        two_sided = (exec_bid != UNDEF_PRICE) & (exec_ask != UNDEF_PRICE) & (exec_bid > 0) & (exec_ask > 0)
+        buy = np.where(two_sided, np.asarray(exec_ask, dtype=np.float64) / tick - mid, np.nan)
+        sell = np.where(two_sided, mid - np.asarray(exec_bid, dtype=np.float64) / tick, np.nan)
+        finite = np.isfinite(feats).all(axis=1) & np.isfinite(mid)
+        finite &= np.isfinite(frame.spread_ticks) & np.isfinite(buy) & np.isfinite(sell)
         ok = finite & (frame.spread_ticks > 0)
         return cls(
             symbol=frame.symbol,
@@ -101,6 +125,8 @@ class InstrumentBars:
             features=np.where(finite[:, None], feats, 0.0).astype(np.float32),
             mid_ticks=np.where(finite, frame.mid_ticks, np.nan),
             spread_ticks=np.where(ok, frame.spread_ticks, np.nan),
+            buy_cost_ticks=np.where(ok, buy, np.nan),
+            sell_cost_ticks=np.where(ok, sell, np.nan),
             tradable=np.asarray(frame.tradable, dtype=bool) & ok,
             tick_value=spec.tick_value,
             fee_ticks=fee_per_contract / spec.tick_value,
@@ -146,8 +172,11 @@ class EnvData:
     """(N, F) float32 normalised market features."""
     mark: Array
     """float64 mid in ticks, carried forward over non-tradable bars."""
-    half_spread: Array
-    """float64 half-spread in ticks (carried forward like ``mark``)."""
+    buy_cost: Array
+    """float64 ticks a buy pays over ``mark`` (the ask of the book its order meets; carried
+    forward like ``mark``)."""
+    sell_cost: Array
+    """float64 ticks a sell gives up under ``mark`` (carried forward like ``mark``)."""
     tradable: Array
     last_decision: Array
     """bool: the last decision bar of its session (the position is closed there)."""
@@ -204,7 +233,8 @@ def build_env_data(
     """
     n_market = norm.mean.shape[0] - len(AGENT_FEATURES)
     cols: dict[str, list[np.ndarray[Any, Any]]] = {
-        k: [] for k in ("feat", "mark", "half", "trad", "last", "send", "fee", "tv", "label", "ts", "inst")
+        k: []
+        for k in ("feat", "mark", "buy", "sell", "trad", "last", "send", "fee", "tv", "label", "ts", "inst")
     }
     starts: list[np.ndarray[Any, Any]] = []
     symbols = tuple(dict.fromkeys(b.symbol for b, _, _ in parts))
@@ -224,7 +254,8 @@ def build_env_data(
             if n < window + 1 or not trad.any():
                 continue
             mark = _forward_fill(bars.mid_ticks[lo:hi], trad)
-            half = _forward_fill(bars.spread_ticks[lo:hi], trad) / 2.0
+            buy = _forward_fill(bars.buy_cost_ticks[lo:hi], trad)
+            sell = _forward_fill(bars.sell_cost_ticks[lo:hi], trad)
             label = np.full(n, np.nan)
             label[: n - horizon] = mark[horizon:] - mark[: n - horizon]
             last = np.zeros(n, dtype=bool)
@@ -232,7 +263,8 @@ def build_env_data(
             feats = (bars.features[lo:hi] - norm.mean[:n_market]) / norm.std[:n_market]
             cols["feat"].append(feats.astype(np.float32))
             cols["mark"].append(mark)
-            cols["half"].append(half)
+            cols["buy"].append(buy)
+            cols["sell"].append(sell)
             cols["trad"].append(trad)
             cols["last"].append(last)
             cols["send"].append(np.full(n, offset + n, dtype=np.int64))
@@ -250,7 +282,8 @@ def build_env_data(
         xp=xp,
         feat=xp.asarray(host["feat"]),
         mark=xp.asarray(host["mark"]),
-        half_spread=xp.asarray(host["half"]),
+        buy_cost=xp.asarray(host["buy"]),
+        sell_cost=xp.asarray(host["sell"]),
         tradable=xp.asarray(host["trad"]),
         last_decision=xp.asarray(host["last"]),
         session_end=xp.asarray(host["send"]),
@@ -341,7 +374,8 @@ class VecEnv:
             target,
             d.mark[t],
             d.mark[t1],
-            half_spread_ticks=d.half_spread[t],
+            buy_cost_ticks=d.buy_cost[t],
+            sell_cost_ticks=d.sell_cost[t],
             fee_ticks=d.fee_ticks[t],
         )
         opened = (target != 0) & (target != self.position)

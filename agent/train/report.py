@@ -1,8 +1,10 @@
 """The training report: one self-contained HTML file with inline SVG plots (no script, no network,
 no plotting library), built from the shared blocks of :mod:`agent.reports`.
 
-Sections: the decision (promoted, halted, why), per-fold out-of-sample metrics against the
-baselines and the incumbent, the concatenated out-of-sample equity curves, learning curves, the
+Sections: the decision (promoted, halted, why), per-fold out-of-sample figures of the policy as
+the daemon trades it (what the gate scored) against the baselines and the incumbent, with the
+greedy one-contract diagnostic beside them, the concatenated out-of-sample equity curves, learning
+curves, the
 probe Q-mean per epoch with the Q-drift threshold drawn, the action mix (exploration and the
 greedy test decisions) and every gate event with its numbers.
 """
@@ -30,8 +32,8 @@ def _decision(s: TrainSummary) -> str:
         if s.promoted
         else ("HALTED" if s.halted else (s.candidate_status or "no candidate").upper())
     )
-    promo = next((g for g in reversed(s.gates) if g.kind == "promotion"), None)
-    why = html.escape(s.halt_reason or (promo.message if promo else ""))
+    reasons = s.gate.reasons if s.gate is not None else []
+    why = html.escape(s.halt_reason or ("; ".join(reasons) if reasons else "promotion criteria met"))
     return (
         f'<p class="state">{state}</p><p>{why}</p>'
         f"<p>run {fmt(s.run_id)} &middot; instruments {html.escape(s.instrument_set)} &middot; "
@@ -49,15 +51,15 @@ def render_report(result: RunResult) -> str:
         [
             f.index,
             f"{_ns(f.test_ns[0])} .. {_ns(f.test_ns[1])}",
-            f.sharpe,
-            f.baselines.get("flat"),
-            f.baselines.get("random"),
-            f.baselines.get("long"),
-            f.incumbent_sharpe,
-            f.metrics.pnl,
-            f.metrics.max_drawdown,
-            f.metrics.turnover,
-            f.metrics.hit_rate,
+            f.as_traded.pnl,
+            f.as_traded.sharpe,
+            f.as_traded.psr,
+            *(f.baselines[b].pnl for b in ("flat", "random", "long")),
+            f.incumbent.pnl if f.incumbent is not None else None,
+            f.as_traded.costs,
+            f.as_traded.max_drawdown,
+            f.as_traded.turnover,
+            f.greedy_unit.pnl,
         ]
         for f in s.folds
     ]
@@ -66,36 +68,43 @@ def render_report(result: RunResult) -> str:
             [
                 "all",
                 "concatenated",
-                s.oos.sharpe,
-                *(s.oos_baselines[b].sharpe for b in ("flat", "random", "long")),
-                s.incumbent_sharpe,
                 s.oos.pnl,
+                s.oos.sharpe,
+                None,
+                *(s.oos_baselines[b].pnl for b in ("flat", "random", "long")),
+                None,
+                s.oos.costs,
                 s.oos.max_drawdown,
                 s.oos.turnover,
-                s.oos.hit_rate,
+                s.oos_greedy_unit.pnl if s.oos_greedy_unit is not None else None,
             ]
         )
-    sections.append("<h2>Out-of-sample metrics per fold (Sharpe after costs, annualised)</h2>")
+    sections.append(
+        "<h2>Out-of-sample, as traded (what the gate scored: the daemon's selection, sizing, risk "
+        "limits, fills at arrival + latency and fees; currency after costs)</h2>"
+    )
     sections.append(
         table(
             [
                 "fold",
                 "test block (UTC)",
-                "candidate",
-                "flat",
-                "random",
-                "long",
-                "incumbent",
                 "P&L",
+                "Sharpe",
+                "PSR",
+                "flat P&L",
+                "random P&L",
+                "long P&L",
+                "incumbent P&L",
+                "costs",
                 "max DD",
                 "contracts/day",
-                "hit rate",
+                "greedy 1-lot P&L (diagnostic)",
             ],
             fold_rows,
         )
     )
     curves: list[Series] = []
-    for name in ("candidate", "incumbent", "flat", "random", "long"):
+    for name in ("candidate", "incumbent", "flat", "random", "long", "greedy_unit"):
         ts, eq = result.curves.equity(name)
         if ts.size:
             curves.append((name, ts.astype(float), eq, COLOURS[name], name in ("flat", "incumbent")))

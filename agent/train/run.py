@@ -33,12 +33,16 @@ import msgspec
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from agent.backtest.errors import BacktestError
+from agent.backtest.inputs import ResolvedCheckpoint, check_compatible, ns_iso, parse_bound
+from agent.backtest.run import BacktestRequest, BacktestResult, run_backtest
 from agent.config import Config
 from agent.gpu.backend import Backend, select_backend
 from agent.model import ModelConfig, init_params, layout_fingerprint, param_shapes
-from agent.model.checkpoint import checkpoint_from_bytes, checkpoint_to_bytes
+from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.errors import CheckpointError
 from agent.policy.regime import RegimeConfig
+from agent.progress import SILENT, Progress
 from agent.train.baselines import BASELINES, baseline_policy
 from agent.train.data import load_archive, select_instruments
 from agent.train.env import (
@@ -55,9 +59,16 @@ from agent.train.env import (
 from agent.train.errors import TrainError, TrainTimeout
 from agent.train.floors import VOL_REF_FLOOR, floor_target, next_floor, vol_ema_of
 from agent.train.folds import plan_folds
-from agent.train.gates import GateEvent, kill_criteria, promotion
+from agent.train.gates import (
+    GateEvent,
+    PnlSeries,
+    drift_floor,
+    kill_criteria,
+    probabilistic_sharpe,
+    promotion,
+)
 from agent.train.learner import Learner
-from agent.train.metrics import Performance, performance
+from agent.train.metrics import Performance, bucket_sums, performance
 from agent.train.trainer import EpochRecord, make_probe, probe_stats, train_fold
 from feeds.config import InstrumentSpec
 from feeds.dbn import dbn_files
@@ -66,25 +77,9 @@ from storage import CheckpointStore, Instruments, LearnedFloors, ModelRegistry, 
 from storage.errors import NotFound
 from storage.records import InstrumentInfo
 
-__all__ = ["Curves", "FoldSummary", "Progress", "RunResult", "TrainRequest", "TrainSummary", "run_training"]
+__all__ = ["Curves", "FoldSummary", "RunResult", "TrainRequest", "TrainSummary", "run_training"]
 
 log = logging.getLogger(__name__)
-
-
-class Progress(Protocol):
-    """Where a run reports progress (the CLI draws rich bars on stderr)."""
-
-    def start(self, name: str, total: int) -> None: ...
-
-    def advance(self, name: str, amount: int = 1) -> None: ...
-
-
-class _Silent:
-    def start(self, name: str, total: int) -> None:
-        return None
-
-    def advance(self, name: str, amount: int = 1) -> None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -97,23 +92,69 @@ class TrainRequest:
     deadline: float | None = None
     """``time.monotonic()`` value after which the run stops cleanly (:class:`TrainTimeout`)."""
     bars: Mapping[str, InstrumentBars] | None = None
-    """Bars already in memory (a benchmark, a caller that computed them): used instead of reading
-    ``data``, which then only labels the run."""
+    """Bars already in memory (a benchmark, a caller that computed them): used instead of
+    computing them from ``data`` for training. ``data`` must still be the archive they came
+    from: the as-traded evaluation replays its records."""
+
+
+class FoldTrading(msgspec.Struct, frozen=True, kw_only=True):
+    """One policy on one fold's test block (currency figures in the account currency)."""
+
+    pnl: float
+    """Net P&L after costs."""
+    sharpe: float
+    """Annualised Sharpe of the bucketed P&L (:mod:`agent.train.metrics`)."""
+    psr: float
+    """Probabilistic Sharpe ratio against flat (P[true Sharpe > 0])."""
+    costs: float
+    turnover: float
+    """Contracts traded per trading day."""
+    hit_rate: float
+    max_drawdown: float
+
+    @classmethod
+    def of(cls, perf: Performance, psr: float) -> FoldTrading:
+        return cls(
+            pnl=perf.pnl,
+            sharpe=perf.sharpe,
+            psr=psr,
+            costs=perf.costs,
+            turnover=perf.turnover,
+            hit_rate=perf.hit_rate,
+            max_drawdown=perf.max_drawdown,
+        )
 
 
 class FoldSummary(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     train_ns: tuple[int, int]
     test_ns: tuple[int, int]
-    sharpe: float
-    """Out-of-sample Sharpe after costs of the candidate policy on this fold's test block."""
-    baselines: dict[str, float]
-    """Sharpe of each baseline on the same bars."""
-    incumbent_sharpe: float | None
-    metrics: Performance
-    baseline_metrics: dict[str, Performance]
+    test_from: str
+    """The test block replayed as traded: ``[test_from, test_to)``, ISO 8601 UTC (what
+    ``tradeagent backtest --from test_from --to test_to`` replays)."""
+    test_to: str
+    checkpoint_sha256: str
+    """The fold's model as it was evaluated (params and normalisation after this fold)."""
+    as_traded: FoldTrading
+    """The daemon's policy (Thompson, Kelly x regime, risk limits, fills at arrival + latency,
+    fees) through the event-driven backtest: what the promotion gate scores."""
+    greedy_unit: FoldTrading
+    """Diagnostic: the greedy action at one contract, half-spread + fee at the bar-close book."""
+    baselines: dict[str, FoldTrading]
+    """Flat, random and always-long, as traded on the same bars."""
+    incumbent: FoldTrading | None = None
+    """The promoted model, as traded on the same bars (None without one)."""
+    as_traded_mix: list[float]
+    """Fractions of short, flat, long among the valid as-traded decisions."""
     greedy_mix: list[float]
-    """Fractions of short, flat, long among the candidate's test decisions."""
+    """Fractions of short, flat, long among the greedy diagnostic's decisions."""
+
+
+class GateDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """The promotion decision in one place: passed, and why not."""
+
+    passed: bool
+    reasons: list[str]
 
 
 class TrainSummary(msgspec.Struct, kw_only=True):
@@ -132,9 +173,12 @@ class TrainSummary(msgspec.Struct, kw_only=True):
     incumbent_sha256: str | None = None
     incumbent_sharpe: float | None = None
     incumbent_note: str | None = None
+    gate: GateDecision | None = None
     folds: list[FoldSummary] = msgspec.field(default_factory=list)
     oos: Performance | None = None
+    """The concatenated out-of-sample test blocks, as traded."""
     oos_baselines: dict[str, Performance] = msgspec.field(default_factory=dict)
+    oos_greedy_unit: Performance | None = None
     gates: list[GateEvent] = msgspec.field(default_factory=list)
     epochs: list[EpochRecord] = msgspec.field(default_factory=list)
     floors: dict[str, dict[str, float | None]] = msgspec.field(default_factory=dict)
@@ -145,14 +189,39 @@ class TrainSummary(msgspec.Struct, kw_only=True):
     """Of ``wall_s``, the time spent in the training loops (exploring and learning)."""
 
 
+class PnlRecord(Protocol):
+    """Per-bar books of a policy (a training-env rollout, or a backtest's books)."""
+
+    @property
+    def pnl(self) -> np.ndarray[Any, Any]: ...
+    @property
+    def cost(self) -> np.ndarray[Any, Any]: ...
+    @property
+    def traded(self) -> np.ndarray[Any, Any]: ...
+    @property
+    def held(self) -> np.ndarray[Any, Any]: ...
+    @property
+    def ts_ns(self) -> np.ndarray[Any, Any]: ...
+
+
 @dataclass
 class Curves:
-    """Concatenated out-of-sample per-bar records per policy (for the report)."""
+    """Concatenated out-of-sample per-bar records per policy (for the report and the gate):
+    ``candidate``, ``incumbent`` and the baselines as traded, ``greedy_unit`` the diagnostic."""
 
-    records: dict[str, list[Rollout]] = field(default_factory=dict)
+    records: dict[str, list[PnlRecord]] = field(default_factory=dict)
 
-    def add(self, name: str, ro: Rollout) -> None:
+    def add(self, name: str, ro: PnlRecord) -> None:
         self.records.setdefault(name, []).append(ro)
+
+    def series(self, name: str, *, gross: bool = False) -> PnlSeries:
+        """The concatenated per-bar net P&L and close times of ``name`` (the gate's input);
+        ``gross``: before costs (fees and slippage against the decision bar's mid added back)."""
+        parts = self.records.get(name, [])
+        if not parts:
+            return PnlSeries(pnl=np.zeros(0), ts_ns=np.zeros(0, np.int64))
+        pnl = np.concatenate([r.pnl + r.cost if gross else r.pnl for r in parts])
+        return PnlSeries(pnl=pnl, ts_ns=np.concatenate([r.ts_ns for r in parts]))
 
     def performance(self, name: str, bucket_s: float) -> Performance:
         parts = self.records.get(name, [])
@@ -242,7 +311,7 @@ def run_training(config: Config, request: TrainRequest, progress: Progress | Non
     if not backend.is_cuda and config.train.cpu_threads > 0:
         limits = threadpool_limits(limits=config.train.cpu_threads, user_api="blas")
     with limits:
-        return _run_training(config, request, progress or _Silent(), backend)
+        return _run_training(config, request, progress or SILENT, backend)
 
 
 def _run_training(config: Config, request: TrainRequest, progress: Progress, backend: Backend) -> RunResult:
@@ -279,6 +348,7 @@ def _run_training(config: Config, request: TrainRequest, progress: Progress, bac
                 config.feeds,
                 specs,
                 fee_per_contract=config.broker.fee_per_contract,
+                latency_ms=config.broker.latency_ms,
                 on_file=lambda _f: progress.advance("load"),
             )
         model_cfg = config.model.with_features(len(FEATURE_NAMES) + len(AGENT_FEATURES))
@@ -288,7 +358,7 @@ def _run_training(config: Config, request: TrainRequest, progress: Progress, bac
             instrument_set=instrument_set,
             device=backend.description,
             seed=config.seed,
-            drift_abs=cfg.drift_abs,
+            drift_abs=drift_floor(model_cfg, cfg),
             drift_ratio=cfg.drift_ratio,
         )
         run = _Run(
@@ -301,6 +371,8 @@ def _run_training(config: Config, request: TrainRequest, progress: Progress, bac
             folds=folds,
             summary=summary,
             progress=progress,
+            current_floors=current_floors,
+            n_trials=registry.count_runs(instrument_set) + 1,
         )
         run.train_all()
         if request.deadline is not None and time.monotonic() > request.deadline:
@@ -329,18 +401,29 @@ class _Run:
         folds: list[tuple[tuple[int, int, int, int], dict[str, tuple[int, int, int, int]]]],
         summary: TrainSummary,
         progress: Progress,
+        current_floors: Mapping[str, Any],
+        n_trials: int,
     ) -> None:
         self.config, self.request, self.model_cfg, self.xp = config, request, model_cfg, xp
         self.bars, self.specs, self.folds, self.summary = bars, specs, folds, summary
         self.progress = progress
+        self.current_floors = current_floors
+        """Learned floors as stored when the run started (symbol -> record or None)."""
+        self.n_trials = n_trials
+        """Retrains of this instrument set so far, this one included (the deflated Sharpe's N)."""
+        self.trade_config = msgspec.structs.replace(
+            config, feeds=msgspec.structs.replace(config.feeds, instruments=tuple(specs))
+        )
+        """The configuration the as-traded evaluation trades: the trained instruments only."""
         self.curves = Curves()
-        self.tests: list[tuple[FeatureNorm, list[tuple[InstrumentBars, int, int]]]] = []
+        self.tests: list[tuple[tuple[int, int], dict[int, float]]] = []
+        """Per tested fold: its replay window [start, end) ns and the floors it was traded with."""
+        self.kills: list[GateEvent] = []
         self.params = init_params(model_cfg, np.random.default_rng(config.seed), xp=xp)
         self.learner = Learner(model_cfg, config.train, self.params, seed=config.seed)
         self.norm: FeatureNorm | None = None
         self.early_q_move = 0.0
         self.final_probe: tuple[float, float] = (0.0, 0.0)
-        self.fold_rows: list[dict[str, Any]] = []
 
     # training ---------------------------------------------------------------------------------
 
@@ -360,6 +443,7 @@ class _Run:
     def train_all(self) -> None:
         cfg, s = self.config.train, self.summary
         self.progress.start("train", len(self.folds) * cfg.epochs * cfg.steps_per_epoch)
+        self.progress.start("evaluate", len(self.folds))
         for index, (edges, per) in enumerate(self.folds):
             train_parts = [(self.bars[sym], a, e) for sym, (a, e, _, _) in per.items()]
             test_parts = [(self.bars[sym], st, t) for sym, (_, _, st, t) in per.items()]
@@ -385,17 +469,59 @@ class _Run:
             s.train_s += time.monotonic() - fold_start
             s.epochs.extend(result.epochs)
             s.gates.extend(result.drift_events)
-            if index == 0:
-                moves = [abs(e.q_mean - result.q_initial) for e in result.epochs[: cfg.early_epochs]]
-                self.early_q_move = max(moves, default=0.0)
+            moves = [abs(e.q_mean - result.q_initial) for e in result.epochs[: cfg.early_epochs]]
+            self.early_q_move = max(moves, default=0.0)
             if result.halted:
                 s.halted = True
                 s.halt_reason = result.drift_events[-1].message
-                log.warning("fold %d: Q-drift halt: %s", index, s.halt_reason)
+                log.warning("fold %d: training halted: %s", index, s.halt_reason)
                 return
             stats = probe_stats(self.learner, data, make_probe(data, cfg.probe_size))
             self.final_probe = (stats.q_spread, stats.entropy)
-            self._test_fold(index, edges, norm, test_parts)
+            self._test_fold(index, edges, norm, test_parts, self._fold_floors(per))
+
+    def _fold_floors(self, per: dict[str, tuple[int, int, int, int]]) -> dict[int, float]:
+        """The learned regime floors the fold's model would trade with: the stored floors moved
+        towards the targets of this fold's training bars (for the last fold, exactly what
+        :meth:`register` stores, and so what the daemon and a later backtest read)."""
+        rate = self.config.regime.floor_rate
+        ids = {spec.symbol: spec.instrument_id for spec in self.specs}
+        out: dict[int, float] = {}
+        for sym, target in self._floor_targets(per).items():
+            previous = self.current_floors.get(sym)
+            value = next_floor(float(previous.value) if previous is not None else None, target, rate)
+            if value is not None:
+                out[ids[sym]] = value
+        return out
+
+    def _fold_checkpoint(self, norm: FeatureNorm) -> Checkpoint:
+        """The model as it stands, as a verified checkpoint (what the fold's test evaluates)."""
+        blob = checkpoint_to_bytes(
+            self.params,
+            self.model_cfg,
+            feature_names=(*FEATURE_NAMES, *AGENT_FEATURES),
+            norm_mean=norm.mean,
+            norm_std=norm.std,
+            metadata={"seed": self.config.seed, "instrument_set": self.summary.instrument_set},
+        )
+        return checkpoint_from_bytes(blob)
+
+    def _as_traded(
+        self, checkpoint: Checkpoint, floors: dict[int, float], window: tuple[int, int]
+    ) -> BacktestResult:
+        """The daemon's policy on ``window`` (``[start, end)`` ns): the event-driven backtest of
+        ``tradeagent backtest``, on the trained instruments, starting flat with cold regime
+        trackers over the learned floors, fills at arrival + latency, fees."""
+        return run_backtest(
+            self.trade_config,
+            BacktestRequest(
+                data=self.request.data,
+                checkpoint=ResolvedCheckpoint(checkpoint, floors),
+                start_ns=window[0],
+                end_ns=window[1],
+            ),
+            SILENT,
+        )
 
     def _test_fold(
         self,
@@ -403,42 +529,66 @@ class _Run:
         edges: tuple[int, int, int, int],
         norm: FeatureNorm,
         parts: list[tuple[InstrumentBars, int, int]],
+        floors: dict[int, float],
     ) -> None:
         cfg = self.config.train
-        data = self._env_data(parts, norm, self.model_cfg)
-        self.tests.append((norm, parts))
-        ro = _evaluate(data, lambda obs, t: self.learner.greedy(obs), self.config)
-        self.curves.add("candidate", ro)
-        metrics = performance(ro.pnl, ro.cost, ro.traded, ro.held, ro.ts_ns, bucket_s=cfg.sharpe_bucket_s)
-        base: dict[str, Performance] = {}
-        for name in BASELINES:
-            bro = _evaluate(data, baseline_policy(name, self.xp, self.config.seed + index), self.config)
-            self.curves.add(name, bro)
-            base[name] = performance(
-                bro.pnl, bro.cost, bro.traded, bro.held, bro.ts_ns, bucket_s=cfg.sharpe_bucket_s
-            )
-        mix = np.bincount(ro.action, minlength=3) / max(ro.action.shape[0], 1)
-        self.summary.folds.append(
-            FoldSummary(
-                index=index,
-                train_ns=(edges[0], edges[1]),
-                test_ns=(edges[2], edges[3]),
-                sharpe=metrics.sharpe,
-                baselines={k: v.sharpe for k, v in base.items()},
-                incumbent_sharpe=None,
-                metrics=metrics,
-                baseline_metrics=base,
-                greedy_mix=mix.tolist(),
+        # The block's bounds as ISO strings and back: the window a user passes to `backtest`.
+        test_from, test_to = ns_iso(edges[2]), ns_iso(edges[3] + 999)
+        window = (parse_bound(test_from, "--from", end=False), parse_bound(test_to, "--to", end=True))
+        self.tests.append((window, floors))
+        checkpoint = self._fold_checkpoint(norm)
+        traded = self._as_traded(checkpoint, floors, window)
+        self.progress.advance("evaluate")
+        books = traded.books
+        self.curves.add("candidate", books)
+        for name, base_books in traded.baselines.items():
+            self.curves.add(name, base_books)
+        bucket = cfg.sharpe_bucket_s
+        env = self._env_data(parts, norm, self.model_cfg)
+        greedy = _evaluate(env, lambda obs, t: self.learner.greedy(obs), self.config)
+        self.curves.add("greedy_unit", greedy)
+        # "Did it learn?" asks the network, not the sizing: its greedy unit positions against
+        # the random policy's in the same environment.
+        random = _evaluate(env, baseline_policy("random", self.xp, self.config.seed + index), self.config)
+        self.kills.extend(
+            kill_criteria(
+                fold_index=index,
+                q_spread=self.final_probe[0],
+                entropy=self.final_probe[1],
+                early_q_move=self.early_q_move,
+                candidate=greedy,
+                random=random,
+                model=self.model_cfg,
+                config=cfg,
             )
         )
+        greedy_mix = np.bincount(greedy.action, minlength=3) / max(greedy.action.shape[0], 1)
+        mix = traded.summary.action_mix
+        fold = FoldSummary(
+            index=index,
+            train_ns=(edges[0], edges[1]),
+            test_ns=(edges[2], edges[3]),
+            test_from=test_from,
+            test_to=test_to,
+            checkpoint_sha256=checkpoint.sha256,
+            as_traded=_trading(books, bucket),
+            greedy_unit=_trading(greedy, bucket),
+            baselines={name: _trading(b, bucket) for name, b in traded.baselines.items()},
+            as_traded_mix=[mix["short"], mix["flat"], mix["long"]],
+            greedy_mix=greedy_mix.tolist(),
+        )
+        self.summary.folds.append(fold)
         log.info(
-            "fold %d: OOS sharpe %.2f (flat %.2f, random %.2f, long %.2f), P&L %.2f",
+            "fold %d, as traded: P&L %.2f, Sharpe %.2f, PSR %.3f (flat %.2f, random %.2f, long %.2f); "
+            "greedy one contract: P&L %.2f",
             index,
-            metrics.sharpe,
-            base["flat"].sharpe,
-            base["random"].sharpe,
-            base["long"].sharpe,
-            metrics.pnl,
+            fold.as_traded.pnl,
+            fold.as_traded.sharpe,
+            fold.as_traded.psr,
+            fold.baselines["flat"].pnl,
+            fold.baselines["random"].pnl,
+            fold.baselines["long"].pnl,
+            fold.greedy_unit.pnl,
         )
 
     # incumbent ----------------------------------------------------------------------------------
@@ -446,6 +596,7 @@ class _Run:
     def evaluate_incumbent(
         self, registry: ModelRegistry, store: CheckpointStore, instrument_set: str
     ) -> None:
+        """The promoted model as traded on the same test blocks, with the same floors."""
         s = self.summary
         if s.halted or not self.tests:
             return
@@ -456,72 +607,58 @@ class _Run:
         s.incumbent_sha256 = record.sha256
         try:
             ckpt = checkpoint_from_bytes(store.get(record.sha256), expected_sha256=record.sha256)
-        except (CheckpointError, NotFound) as exc:
-            s.incumbent_note = f"incumbent unusable, compared with 0: {exc}"
+            check_compatible(ckpt)
+        except (CheckpointError, NotFound, BacktestError) as exc:
+            s.incumbent_note = f"incumbent unusable, compared with flat: {exc}"
             log.warning("%s", s.incumbent_note)
             return
-        if ckpt.feature_names != (*FEATURE_NAMES, *AGENT_FEATURES):
-            s.incumbent_note = "incumbent was trained on other features: it cannot run on this data"
-            log.warning("%s", s.incumbent_note)
-            return
-        params = {k: self.xp.asarray(v) for k, v in ckpt.params.items()}
-        inc = Learner(ckpt.config, self.config.train, params, seed=self.config.seed)
-        inc_norm = FeatureNorm(ckpt.norm_mean, ckpt.norm_std)
-        cfg = self.config.train
-        for i, (_, parts) in enumerate(self.tests):
-            data = self._env_data(parts, inc_norm, ckpt.config)
-            ro = _evaluate(data, lambda obs, t, inc=inc: inc.greedy(obs), self.config)
-            self.curves.add("incumbent", ro)
-            fold_perf = performance(
-                ro.pnl, ro.cost, ro.traded, ro.held, ro.ts_ns, bucket_s=cfg.sharpe_bucket_s
-            )
-            s.folds[i] = msgspec.structs.replace(s.folds[i], incumbent_sharpe=fold_perf.sharpe)
-        s.incumbent_sharpe = self.curves.performance("incumbent", cfg.sharpe_bucket_s).sharpe
+        bucket = self.config.train.sharpe_bucket_s
+        self.progress.start("incumbent", len(self.tests))
+        for i, (window, floors) in enumerate(self.tests):
+            books = self._as_traded(ckpt, floors, window).books
+            self.curves.add("incumbent", books)
+            s.folds[i] = msgspec.structs.replace(s.folds[i], incumbent=_trading(books, bucket))
+            self.progress.advance("incumbent")
+        s.incumbent_sharpe = self.curves.performance("incumbent", bucket).sharpe
 
     # gates ------------------------------------------------------------------------------------
 
     def decide(self) -> None:
+        """Kill criteria (every fold) and the promotion bar on the as-traded out-of-sample
+        record; the decision goes into the summary's ``gate``."""
         s, cfg = self.summary, self.config.train
-        if s.halted:
-            s.gates.append(
-                promotion(
-                    halted=True,
-                    kills_passed=False,
-                    sharpe=float("nan"),
-                    incumbent_sharpe=None,
-                    max_drawdown=float("nan"),
-                    config=cfg,
-                )
-            )
-            return
-        s.oos = self.curves.performance("candidate", cfg.sharpe_bucket_s)
-        s.oos_baselines = {name: self.curves.performance(name, cfg.sharpe_bucket_s) for name in BASELINES}
-        kills = kill_criteria(
-            q_spread=self.final_probe[0],
-            entropy=self.final_probe[1],
-            pnl=s.oos.pnl,
-            random_pnl=s.oos_baselines["random"].pnl,
-            early_q_move=self.early_q_move,
+        no_series = PnlSeries(pnl=np.zeros(0), ts_ns=np.zeros(0, np.int64))
+        if not s.halted:
+            s.oos = self.curves.performance("candidate", cfg.sharpe_bucket_s)
+            s.oos_baselines = {name: self.curves.performance(name, cfg.sharpe_bucket_s) for name in BASELINES}
+            s.oos_greedy_unit = self.curves.performance("greedy_unit", cfg.sharpe_bucket_s)
+            s.gates.extend(self.kills)
+        event = promotion(
+            halted=s.halted,
+            kills_passed=not s.halted and all(k.passed for k in self.kills),
+            candidate=self.curves.series("candidate") if not s.halted else no_series,
+            candidate_gross=self.curves.series("candidate", gross=True) if not s.halted else no_series,
+            baselines={name: self.curves.series(name) for name in ("long", "random")} if not s.halted else {},
+            incumbent=self.curves.series("incumbent") if "incumbent" in self.curves.records else None,
+            max_drawdown=s.oos.max_drawdown if s.oos is not None else float("nan"),
+            n_trials=self.n_trials,
             config=cfg,
         )
-        s.gates.extend(kills)
-        s.gates.append(
-            promotion(
-                halted=False,
-                kills_passed=all(k.passed for k in kills),
-                sharpe=s.oos.sharpe,
-                incumbent_sharpe=s.incumbent_sharpe,
-                max_drawdown=s.oos.max_drawdown,
-                config=cfg,
-            )
-        )
+        s.gates.append(event)
+        failed = [g.message for g in s.gates if not g.passed and g.kind != "promotion"]
+        reasons = [*failed, *event.values["reasons"]]
+        s.gate = GateDecision(passed=event.passed, reasons=reasons)
 
     # registry ---------------------------------------------------------------------------------
 
-    def _floor_targets(self) -> dict[str, float | None]:
-        if not self.folds:
-            return {}
-        _, per = self.folds[-1]
+    def _floor_targets(
+        self, per: dict[str, tuple[int, int, int, int]] | None = None
+    ) -> dict[str, float | None]:
+        """The floor targets of a fold's training bars (the last fold's by default)."""
+        if per is None:
+            if not self.folds:
+                return {}
+            _, per = self.folds[-1]
         regime: RegimeConfig = self.config.regime
         return {
             sym: floor_target(vol_ema_of(_log_returns(self.bars[sym], a, e), regime), regime.floor_quantile)
@@ -560,12 +697,7 @@ class _Run:
                 fold.index,
                 train_ns=fold.train_ns,
                 test_ns=fold.test_ns,
-                metrics={
-                    "sharpe": fold.sharpe,
-                    "baselines": fold.baselines,
-                    "incumbent_sharpe": fold.incumbent_sharpe,
-                    **msgspec.to_builtins(fold.metrics),
-                },
+                metrics=_finite_json(msgspec.to_builtins(fold)),
             )
         for event in s.gates:
             registry.record_gate_event(
@@ -641,14 +773,38 @@ class _Run:
 
 
 def _candidate_metrics(s: TrainSummary) -> dict[str, Any]:
-    def clean(v: float | None) -> float | None:
-        return v if v is None or math.isfinite(v) else None
+    """What the registry keeps of a run: the as-traded out-of-sample figures and the gate."""
+    out: dict[str, Any] = _finite_json(
+        {
+            "oos": msgspec.to_builtins(s.oos) if s.oos else None,
+            "oos_baselines": {k: v.sharpe for k, v in s.oos_baselines.items()},
+            "fold_sharpe": [f.as_traded.sharpe for f in s.folds],
+            "fold_psr": [f.as_traded.psr for f in s.folds],
+            "gate": msgspec.to_builtins(s.gate) if s.gate else None,
+            "incumbent_sharpe": s.incumbent_sharpe,
+            "halted": s.halted,
+            "halt_reason": s.halt_reason,
+        }
+    )
+    return out
 
-    return {
-        "oos": msgspec.to_builtins(s.oos) if s.oos else None,
-        "oos_baselines": {k: clean(v.sharpe) for k, v in s.oos_baselines.items()},
-        "fold_sharpe": [clean(f.sharpe) for f in s.folds],
-        "incumbent_sharpe": clean(s.incumbent_sharpe),
-        "halted": s.halted,
-        "halt_reason": s.halt_reason,
-    }
+
+def _finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (stored JSON must be finite)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def _trading(books: PnlRecord, bucket_s: float) -> FoldTrading:
+    """A policy's figures on one test block, with its probabilistic Sharpe against flat."""
+    perf = performance(books.pnl, books.cost, books.traded, books.held, books.ts_ns, bucket_s=bucket_s)
+    bucket = perf.bucket_s
+    returns = (
+        bucket_sums(books.pnl, books.ts_ns, max(1, round(bucket * 1e9))) if books.pnl.size else books.pnl
+    )
+    return FoldTrading.of(perf, probabilistic_sharpe(returns))

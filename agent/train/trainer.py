@@ -3,8 +3,9 @@
 An epoch is ``steps_per_epoch`` lockstep steps of ``n_envs`` training environments (each step
 adds ``n_envs`` n-step transitions to replay) with ``updates_per_step`` learner updates per step
 once replay holds ``learning_starts`` transitions. After each epoch the probe statistics are
-measured on fixed windows of the training data with a flat agent state, and the Q-drift gate
-decides whether training goes on.
+measured on fixed windows of the training data with a flat agent state, and two halts decide
+whether training goes on (:mod:`agent.train.gates`): the share of the epoch's updates skipped for a
+non-finite gradient, and Q-drift (from the fold's second epoch, against the previous epoch).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from agent.model.arrays import Array, to_numpy
 from agent.train.config import TrainConfig
 from agent.train.env import AGENT_FEATURES, EnvData, VecEnv
 from agent.train.errors import TrainTimeout
-from agent.train.gates import GateEvent, action_entropy, q_drift
+from agent.train.gates import GateEvent, action_entropy, drift_floor, nonfinite_gradients, q_drift
 from agent.train.learner import Learner
 from agent.train.replay import NStepBuffer, Replay
 
@@ -47,6 +48,8 @@ class EpochRecord(msgspec.Struct, frozen=True, kw_only=True):
     explore_mix: list[float]
     """Fractions of short, flat, long among the effective exploration actions."""
     updates: int
+    skipped: int = 0
+    """Updates of the epoch skipped because their gradient was not finite."""
 
 
 class Probe(NamedTuple):
@@ -68,8 +71,16 @@ class ProbeStats(NamedTuple):
 class FoldTraining(NamedTuple):
     epochs: list[EpochRecord]
     drift_events: list[GateEvent]
+    """The halt gates' events, per epoch ``nonfinite_gradients`` then ``q_drift``; when
+    ``halted``, the last one is the failure."""
     q_initial: float
+    """Probe Q-mean before the fold's training."""
     halted: bool
+
+    def early_q_move(self, early_epochs: int) -> float:
+        """Largest move of the probe Q-mean from :attr:`q_initial` within the fold's first
+        ``early_epochs`` epochs (the kill criterion ``kill_early_q_move``)."""
+        return max((abs(e.q_mean - self.q_initial) for e in self.epochs[:early_epochs]), default=0.0)
 
 
 def make_probe(data: EnvData, size: int) -> Probe:
@@ -101,8 +112,9 @@ def train_fold(
     on_step: Callable[[], None] | None = None,
 ) -> FoldTraining:
     """Train ``learner`` on ``data`` for ``config.epochs`` epochs (fresh replay and optimiser);
-    stop early when the Q-drift gate fails. ``deadline`` (``time.monotonic()`` seconds) raises
-    :class:`TrainTimeout` between steps; ``on_step`` is called after every lockstep step."""
+    stop early when a halt gate fails (non-finite gradients, Q-drift). ``deadline``
+    (``time.monotonic()`` seconds) raises :class:`TrainTimeout` between steps; ``on_step`` is
+    called after every lockstep step."""
     xp, cfg = data.xp, config
     rng = np.random.default_rng([seed, fold])
     env = VecEnv(data, cfg.n_envs, reward_scale=cfg.reward_scale, seed=int(rng.integers(2**63)))
@@ -112,7 +124,9 @@ def train_fold(
     replay = Replay(cfg.replay_capacity, data.window, n_agent, xp)
     learner.reset_optimizer()
     probe = make_probe(data, cfg.probe_size)
-    q_prev = q_initial = probe_stats(learner, data, probe).q_mean
+    q_initial = probe_stats(learner, data, probe).q_mean
+    q_prev: float | None = None  # the fold's first epoch is compared with nothing
+    floor = drift_floor(learner.model, cfg)
     env_ids = xp.arange(cfg.n_envs, dtype=np.int64)
     epochs: list[EpochRecord] = []
     drift: list[GateEvent] = []
@@ -120,6 +134,7 @@ def train_fold(
     credit = 0.0
     for epoch in range(cfg.epochs):
         losses: list[tuple[float, float, float]] = []
+        skipped_before = learner.skipped
         reward_sum = 0.0
         counts = np.zeros(len(ACTIONS))
         for _ in range(cfg.steps_per_epoch):
@@ -159,11 +174,17 @@ def train_fold(
                 reward_mean=reward_sum / (cfg.steps_per_epoch * cfg.n_envs),
                 explore_mix=(counts / max(counts.sum(), 1.0)).tolist(),
                 updates=learner.updates,
+                skipped=learner.skipped - skipped_before,
             )
         )
-        event = q_drift(stats.q_mean, q_prev, cfg, fold_index=fold, epoch=epoch)
-        drift.append(event)
-        if not event.passed:
-            return FoldTraining(epochs, drift, q_initial, halted=True)
+        for event in (
+            nonfinite_gradients(
+                learner.skipped - skipped_before, len(losses), cfg, fold_index=fold, epoch=epoch
+            ),
+            q_drift(stats.q_mean, q_prev, floor, cfg, fold_index=fold, epoch=epoch),
+        ):
+            drift.append(event)
+            if not event.passed:
+                return FoldTraining(epochs, drift, q_initial, halted=True)
         q_prev = stats.q_mean
     return FoldTraining(epochs, drift, q_initial, halted=False)

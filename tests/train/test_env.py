@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import msgspec
 import numpy as np
 import pytest
 
+from agent.config import load_config
+from agent.execution.broker import PaperBroker
+from agent.execution.orders import OrderManager
+from agent.execution.protocol import Fill, Side
+from agent.train.data import load_archive
 from agent.train.env import (
     AGENT_FEATURES,
     EnvData,
@@ -15,7 +23,10 @@ from agent.train.env import (
     rollout,
 )
 from agent.train.errors import TrainError
-from feeds.features import FEATURE_NAMES
+from feeds.book import tick_fixed
+from feeds.dbn import read_mbp10
+from feeds.features import FEATURE_NAMES, compute_all
+from tests.daemon.support import INSTRUMENTS, synth_feed
 
 F = len(FEATURE_NAMES)
 SEC = 1_000_000_000
@@ -32,6 +43,8 @@ def make_bars(
         features=rng.normal(size=(n, F)).astype(np.float32),
         mid_ticks=np.array(mid, dtype=np.float64),
         spread_ticks=np.full(n, spread),
+        buy_cost_ticks=np.full(n, spread / 2),
+        sell_cost_ticks=np.full(n, spread / 2),
         tradable=np.array(tradable if tradable is not None else [True] * n),
         tick_value=12.5,
         fee_ticks=0.1,
@@ -103,3 +116,42 @@ def test_rollout_visits_each_decision_bar_once_and_baselines_add_up() -> None:
     move = mid[int(data.starts[-1])] - mid[int(data.starts[0])]
     assert opens == 7 and long.held[-1] == 0 and long.held[:-1].all()
     assert long.pnl.sum() == pytest.approx((move - 1.1 * (opens + 1)) * 12.5)
+
+
+def test_the_env_fills_where_the_paper_broker_fills(tmp_path: Path) -> None:
+    """A unit order sent at a bar's close costs in the environment exactly what the paper broker
+    charges for it: the ask (bid) of the book as it stands ``latency_ms`` after the closing
+    record, against the bar's mid."""
+    synth_feed(tmp_path, days=1)
+    config = load_config(None, env={})
+    broker_config = msgspec.structs.replace(config.broker, latency_ms=25.0)
+    feeds = msgspec.structs.replace(config.feeds, instruments=INSTRUMENTS)
+    bars = load_archive(
+        tmp_path, feeds, INSTRUMENTS, fee_per_contract=0.0, latency_ms=broker_config.latency_ms
+    )
+    records = read_mbp10(tmp_path)
+    frame = compute_all(records, INSTRUMENTS, feeds.bars, feeds.health).frames["ES"]
+    es = bars["ES"]
+    tick = tick_fixed(INSTRUMENTS[0].tick_size)
+    mine = np.flatnonzero(records["instrument_id"] == INSTRUMENTS[0].instrument_id)
+    checked = 0
+    for k in range(10, len(frame) - 10, max(1, len(frame) // 25)):
+        if not es.tradable[k]:
+            continue
+        closing = int(mine[np.searchsorted(mine, frame.close_index[k], side="right")])
+        sides: tuple[tuple[Side, float], ...] = (
+            ("buy", es.buy_cost_ticks[k]),
+            ("sell", -es.sell_cost_ticks[k]),
+        )
+        for side, cost in sides:
+            broker = PaperBroker(broker_config, [s.instrument_id for s in INSTRUMENTS])
+            broker.on_records(records[: closing + 1])
+            order = OrderManager("t").new(
+                INSTRUMENTS[0].instrument_id, side, 1, ts_ns=int(records["ts_recv"][closing])
+            )
+            reports = broker.submit(order) + broker.on_records(records[closing + 1 :])
+            fills = [r for r in reports if isinstance(r, Fill)]
+            assert len(fills) == 1
+            assert fills[0].price == round((es.mid_ticks[k] + cost) * tick)
+        checked += 1
+    assert checked >= 10
