@@ -46,7 +46,7 @@ from agent.errors import CommandError
 from agent.reports.backtest import write_backtest
 from agent.reports.page import write_atomic
 from agent.train.report import write_report
-from agent.train.run import TrainRequest, run_training
+from agent.train.run import TrainRequest, TrainSummary, run_training
 from feeds.config import InstrumentSpec
 from feeds.sources import config_symbols
 from feeds.synth import write_synthetic
@@ -193,6 +193,28 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> int:
     return proc.returncode
 
 
+def _gated(s: TrainSummary) -> dict[str, Any]:
+    """What the promotion gate scored: the candidate's as-traded out-of-sample figures (None
+    when training halted before the evaluation), the probabilistic Sharpe of its promotion
+    event and the gate's decision."""
+    promotion = [g for g in s.gates if g.kind == "promotion"]
+    psr = promotion[-1].values.get("psr") if promotion else None
+    oos = s.oos
+    return {
+        "passed": bool(s.gate and s.gate.passed),
+        "reasons": list(s.gate.reasons) if s.gate else [s.halt_reason or "no gate decision"],
+        "pnl": oos.pnl if oos else None,
+        "costs": oos.costs if oos else None,
+        "sharpe": oos.sharpe if oos else None,
+        "psr": psr if isinstance(psr, float) else None,
+        "turnover": oos.turnover if oos else None,
+    }
+
+
+def _figure(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def _paper(
     config: Config, out: Path, last_day: Path, *, checkpoint: str, profile: _Profile, console: Console
 ) -> dict[str, Any]:
@@ -313,9 +335,15 @@ def _run(args: argparse.Namespace) -> int:
             f"training produced no candidate ({s.halt_reason or 'see the report'}): {train_report}"
         )
     state = "promoted" if s.promoted else f"not promoted ({s.candidate_status})"
+    gated = _gated(s)
     console.print(
-        f"candidate {s.candidate_sha256[:12]}: {state}; out-of-sample Sharpe "
-        f"{s.oos.sharpe if s.oos else float('nan'):.2f}; report {train_report}"
+        f"candidate {s.candidate_sha256[:12]}: {state}; the gate scored it as traded "
+        f"(Thompson, Kelly x regime, risk limits, fills at arrival + latency, fees): "
+        f"out-of-sample P&L {_figure(gated['pnl'], ',.2f')} after costs "
+        f"{_figure(gated['costs'], ',.2f')}, Sharpe {_figure(gated['sharpe'], '.2f')}, "
+        f"probabilistic Sharpe {_figure(gated['psr'], '.3f')}"
+        + ("" if s.promoted else f"; why not: {'; '.join(gated['reasons'])}")
+        + f"; report {train_report}"
     )
 
     console.rule(f"3/4 backtest of the held-out day {held_out.name} (vectorised driver)")
@@ -338,6 +366,7 @@ def _run(args: argparse.Namespace) -> int:
         "wall_s": round(time.monotonic() - started, 1),
         "promoted": s.promoted,
         "candidate_sha256": s.candidate_sha256,
+        "gate": gated,
         "train_report": str(train_report),
         "backtest_report": str(bt_report),
         "backtest_summary": str(bt_summary),
@@ -363,6 +392,8 @@ def _run(args: argparse.Namespace) -> int:
         f"  database:         {summary['database']}\n"
         f"  daemon log:       {paper['daemon_log']}\n"
         f"  relay log:        {paper['relay_log']}\n"
+        f"  gate (as traded): {state}; out-of-sample P&L {_figure(gated['pnl'], ',.2f')}, "
+        f"probabilistic Sharpe {_figure(gated['psr'], '.3f')}\n"
         f"  paper daemon:     {status.get('counts', {}).get('fills', 0)} fills, positions "
         f"{status.get('positions', {})}, realised P&L {status.get('realised_pnl', 0.0)}\n"
         f"  summary:          {out / 'demo-summary.json'}"

@@ -29,6 +29,14 @@ def test_quick_demo_runs_every_step(tmp_path: Path) -> None:
     summary = json.loads((out / "demo-summary.json").read_text())
     assert len(list((out / "data").glob("*.dbn.zst"))) == 3
     assert summary["candidate_sha256"]
+    # what the gate scored, as traded, is what the demo reports (and the training report shows)
+    train = json.loads((out / "reports" / "train.json").read_text())
+    gate = summary["gate"]
+    assert gate["passed"] is summary["promoted"] is train["gate"]["passed"]
+    assert gate["pnl"] == train["oos"]["pnl"] and gate["costs"] == train["oos"]["costs"]
+    assert "the gate scored it as traded" in " ".join(proc.stderr.split())  # the console wraps lines
+    assert f"gate (as traded): {'promoted' if gate['passed'] else 'not promoted'}" in proc.stdout
+    assert "as traded" in Path(summary["train_report"]).read_text()
     for key in ("train_report", "backtest_report", "backtest_summary", "database", "paper_config"):
         assert Path(summary[key]).is_file(), key
     backtest = json.loads(Path(summary["backtest_summary"]).read_text())
