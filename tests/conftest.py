@@ -15,8 +15,8 @@ from tests.support.nats_server import NatsServer, NatsServerUnavailable
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-DBN_SAMPLES = SHARED / "data" / "dbn-samples"
+DBN_SAMPLES = REPO / "tests" / "data" / "dbn-samples"
+"""Databento's official DBN sample files, vendored with their licence note."""
 PG_URL = os.environ.get("TRADEAGENT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 """The PostgreSQL server the tests use (CI serves it there)."""
 
