@@ -40,8 +40,10 @@ class BarConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     ``events`` book updates (event bars)."""
 
     clock: Literal["time", "events"] = "time"
-    interval_s: float = 1.0
-    events: int = 100
+    interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    """Time bars: seconds per bar, > 0."""
+    events: Annotated[int, msgspec.Meta(ge=1)] = 100
+    """Event bars: book updates per bar, >= 1."""
 
 
 class HealthConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -95,6 +97,9 @@ class RelayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     """JetStream publishes awaiting their acknowledgement."""
     stream_max_age_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 86400.0
     """How long the JetStream stream keeps messages (created with this if missing)."""
+    stop_timeout_s: Annotated[float, msgspec.Meta(ge=3)] = 10.0
+    """SIGTERM: the relay exits within this (>= 3); acknowledgements still missing 2 s before
+    it are abandoned (a relay restarted on the same files publishes them again)."""
 
 
 class RecorderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

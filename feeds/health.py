@@ -37,12 +37,18 @@ reaches the features as valid (the bar that holds it is not tradable; see :mod:`
 ``time_backwards`` is a record fault as well. Each check has a counter (failing records; one
 per stale or gap episode), and each maximal run of failures is one :class:`HealthEpisode`
 (start, end, check, count), logged once when it opens (WARNING) and once when it closes (INFO).
+
+The features judge a record when its bar closes, and a feed replayed from an earlier point
+closes no bar until it has caught up (the bar clock runs on the latest ``ts_recv``). So the
+``time_backwards`` rule is also applied as records arrive, by :class:`ArrivalClock` (every
+source runs it on every batch): the first record behind the clock is reported at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import logging
 from typing import Any
 
@@ -53,13 +59,17 @@ from feeds.records import ACTION_TRADE, MBP10_CODES, UNDEF_PRICE
 
 __all__ = [
     "RECORD_FAULTS",
+    "ArrivalClock",
     "Check",
     "HealthEpisode",
     "HealthMonitor",
     "HealthState",
     "PrevTop",
+    "TimeRegression",
+    "clock_before_each",
     "fault_mask",
     "record_faults",
+    "single_instrument",
     "valid_top",
 ]
 
@@ -191,18 +201,14 @@ def record_faults(
     ask_before = np.empty(n, dtype=np.int64)
     bid_before[1:] = np.where(ok_bid[:-1], bid[:-1], UNDEF_PRICE)
     ask_before[1:] = np.where(ok_ask[:-1], ask[:-1], UNDEF_PRICE)
-    clock_before = np.empty(n, dtype=np.int64)
-    np.maximum.accumulate(ts[:-1], out=clock_before[1:])
+    clock_before = clock_before_each(ts, None if prev is None else prev.ts_recv)
     seq_before = np.empty(n, dtype=np.int64)
     seq_before[1:] = seq[:-1]
     if prev is None:
         bid_before[0] = ask_before[0] = UNDEF_PRICE
-        clock_before[0] = ts[0]
         seq_before[0] = seq[0]
     else:
         bid_before[0], ask_before[0], seq_before[0] = prev.bid, prev.ask, prev.sequence
-        clock_before[0] = prev.ts_recv
-        np.maximum(clock_before, prev.ts_recv, out=clock_before)
     trades = np.flatnonzero(records.view(MBP10_CODES)["action"] == _TRADE)
     trade_price = np.ones(n, dtype=np.int64)
     trade_price[trades] = records["price"][trades]
@@ -222,6 +228,19 @@ def record_faults(
         config=config,
     )
     return np.asarray(faults, dtype=np.uint8)
+
+
+def clock_before_each(ts: np.ndarray, clock: int | None) -> np.ndarray:
+    """The clock before each record: the running maximum of ``ts_recv`` (int64 ``(n,)``, one
+    instrument, arrival order, ``n >= 1``) before it, ``clock`` being the maximum before the
+    first one (``None`` at the start of the stream: the first record is its own clock). A record
+    whose ``ts_recv`` is below its entry went back in time (the ``time_backwards`` rule)."""
+    out = np.empty(ts.shape[0], dtype=np.int64)
+    np.maximum.accumulate(ts[:-1], out=out[1:])
+    out[0] = ts[0] if clock is None else clock
+    if clock is not None:
+        np.maximum(out, clock, out=out)
+    return out
 
 
 def prev_top_of(records: np.ndarray, bid: np.ndarray, ask: np.ndarray, clock: int) -> PrevTop:
@@ -355,3 +374,92 @@ class HealthMonitor:
         """A record arrived at ``at_ns`` after a transport gap: close the gap episode."""
         if Check.GAP in self._open:
             self._end(Check.GAP, at_ns)
+
+
+_SMALL = 32
+"""Up to this many records, per-batch checks run on Python lists (NumPy's per-call cost dominates)."""
+
+
+def single_instrument(ids: np.ndarray) -> int | None:
+    """The instrument id when every entry of ``ids`` (non-empty) is the same one, else ``None``."""
+    if ids.shape[0] <= _SMALL:
+        values = ids.tolist()
+        return int(values[0]) if values.count(values[0]) == len(values) else None
+    first = int(ids[0])
+    return first if bool((ids == first).all()) else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimeRegression:
+    """What :meth:`ArrivalClock.observe` found in one batch for one instrument.
+
+    ``opened`` episodes started in the batch (a run of records behind the clock is one episode);
+    ``behind`` records of the batch were behind it; the first of them had ``ts_ns`` while the
+    clock stood at ``clock_ns``; ``ongoing`` says whether an episode is still open after it."""
+
+    instrument_id: int
+    opened: int
+    behind: int
+    ts_ns: int
+    clock_ns: int
+    ongoing: bool
+
+
+class ArrivalClock:
+    """The ``time_backwards`` rule on arrival, per instrument: a record whose ``ts_recv`` is
+    below the latest ``ts_recv`` of the instrument so far (:func:`clock_before_each`) is behind
+    the clock. A run of such records is one episode, which ends with the first record at or
+    after the clock. Nothing is dropped here: the features judge the same records again."""
+
+    def __init__(self) -> None:
+        self._clock: dict[int, int] = {}
+        self._open: dict[int, int] = {}
+        """instrument_id -> records behind so far, while its episode is open."""
+
+    def observe(self, records: np.ndarray) -> list[TimeRegression]:
+        """Advance the clocks over ``records`` (:data:`MBP10_DTYPE`, arrival order, any
+        instruments); one :class:`TimeRegression` per instrument that had records behind."""
+        ids = records["instrument_id"]
+        if not len(ids):
+            return []
+        single = single_instrument(ids)
+        if single is not None:  # the usual batch: one instrument's
+            groups = [(single, records["ts_recv"])]
+        else:
+            groups = [(int(i), records["ts_recv"][ids == i]) for i in np.unique(ids)]
+        found = []
+        for instrument_id, ts in groups:
+            regression = self._judge(instrument_id, ts)
+            if regression is not None:
+                found.append(regression)
+        return found
+
+    def _judge(self, instrument_id: int, ts_recv: np.ndarray) -> TimeRegression | None:
+        clock = self._clock.get(instrument_id)
+        if ts_recv.shape[0] <= _SMALL:  # a NATS message's few records: Python beats NumPy calls
+            values = ts_recv.tolist()
+            first, latest = values[0], max(values)
+            ordered = all(a <= b for a, b in itertools.pairwise(values))
+        else:
+            first, latest = int(ts_recv[0]), int(ts_recv.max())
+            ordered = bool((ts_recv[1:] >= ts_recv[:-1]).all())
+        self._clock[instrument_id] = latest if clock is None else max(clock, latest)
+        was_open = instrument_id in self._open
+        if not was_open and ordered and (clock is None or first >= clock):
+            return None
+        ts = ts_recv.astype(np.int64)
+        before = clock_before_each(ts, clock)
+        behind = ts < before
+        edges = np.flatnonzero(np.diff(behind.view(np.int8), prepend=np.int8(was_open)))
+        opened = int(np.count_nonzero(behind[edges]))
+        count = int(np.count_nonzero(behind))
+        total = self._open.pop(instrument_id, 0) + count
+        ongoing = bool(behind[-1])
+        if ongoing:
+            self._open[instrument_id] = total
+        elif was_open or opened:
+            log.info("instrument %d: ts_recv in order again after %d record(s) behind", instrument_id, total)
+        if not count:
+            return None
+        first = int(np.argmax(behind))
+        return TimeRegression(instrument_id, opened, count, int(ts[first]), int(before[first]), ongoing)

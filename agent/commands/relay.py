@@ -1,10 +1,12 @@
 """``tradeagent relay``: publish a source (replay of DBN files or Databento Live) onto NATS.
 
 Records go to ``md.mbp10.<dataset>.<symbol>`` (README "NATS subject layout"); the JetStream
-stream ``feeds.source.stream`` is created if missing. A replay relay ends when the files are
-published; a live relay runs until SIGTERM or SIGINT, then waits for the acknowledgements still
-in flight and exits 0. Progress goes to stderr; with ``--json`` the final counters are printed
-on stdout as one JSON object.
+stream ``feeds.source.stream`` is created if missing. A restarted relay resumes after the
+stream's last message of each subject (records already there are skipped). A replay relay ends
+when the files are published; a live relay runs until SIGTERM or SIGINT, then waits for the
+acknowledgements still in flight and exits 0 within ``feeds.relay.stop_timeout_s`` (what is still
+unacknowledged then is abandoned and logged). Progress goes to stderr; with ``--json`` the final
+counters are printed on stdout as one JSON object.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     if feeds.source.kind == "nats":
         raise CommandError("relay publishes to NATS: choose --source replay or --source databento")
     relay = Relay(
-        build_source(feeds),
+        build_source(feeds, restrict=False),
         url=feeds.source.nats_url,
         stream=feeds.source.stream,
         dataset=feeds.source.dataset,
@@ -131,7 +133,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(
             f"relayed {result['records']:,} records in {result['messages']:,} messages "
-            f"({result['unknown_records']:,} without a symbol, {result['retries']:,} retries)",
+            f"({result['skipped_records']:,} already in the stream, {result['unknown_records']:,} "
+            f"without a symbol, {result['retries']:,} retries)",
             file=sys.stderr,
         )
     return 0

@@ -31,7 +31,7 @@ from feeds.dbn.framing import MBP10_SIZE, check_mbp10, concat_mbp10, is_rust_pan
 from feeds.errors import DBNFormatError
 from feeds.records import MBP10_DTYPE
 
-__all__ = ["DBNInfo", "dbn_files", "iter_mbp10", "read_mbp10", "read_metadata"]
+__all__ = ["DBNInfo", "dbn_files", "iter_mbp10", "iter_mbp10_files", "read_mbp10", "read_metadata"]
 
 DBN_SUFFIXES = (".dbn", ".dbn.zst")
 UNDEF_TIMESTAMP = 2**64 - 1
@@ -253,6 +253,18 @@ def iter_mbp10(
     :func:`read_mbp10`, which merges). ``start_ns``/``end_ns`` keep ``start_ns <= ts_recv <
     end_ns``.
     """
+    for _, records in iter_mbp10_files(path, chunk_records=chunk_records, start_ns=start_ns, end_ns=end_ns):
+        yield records
+
+
+def iter_mbp10_files(
+    path: str | Path,
+    *,
+    chunk_records: int = 65_536,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> Iterator[tuple[DBNInfo, npt.NDArray[np.void]]]:
+    """:func:`iter_mbp10` with the metadata of the file each chunk comes from."""
     if chunk_records <= 0:
         raise ValueError("chunk_records must be positive")
     last_ts = 0
@@ -272,7 +284,7 @@ def iter_mbp10(
                 )
             last_ts = int(records["ts_recv"][-1])
             last_file = file
-            yield records
+            yield info, records
 
 
 def read_mbp10(

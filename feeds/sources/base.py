@@ -18,6 +18,16 @@ threads derive from :class:`QueuedSource`, whose bounded queue drops record batc
 reported once per episode as a ``DROPPED`` health event) when the consumer falls behind, but
 never drops a health event, and which reports a ``STALE`` event when nothing arrives for
 ``stale_after_s``.
+
+What a source passes on (:meth:`Source._screen`, every batch of every source): with
+``instruments`` given (what a daemon or a gateway trades), records of any other instrument are
+counted (``counters.rejected_instrument_records``), reported once per instrument as a
+``MISMATCH`` event and never reach the consumer; records of another dataset are refused the
+same way by the sources that learn a record's dataset (the NATS subject, a DBN file's
+metadata; ``rejected_dataset_records``). Every batch also goes through the arrival form of the
+``time_backwards`` rule (:class:`feeds.health.ArrivalClock`): a record behind its instrument's
+latest ``ts_recv`` is reported at once as a ``TIME_REGRESSION`` event (``time_regressions``
+counts the episodes); those records are still passed on, for the features to judge.
 """
 
 from __future__ import annotations
@@ -28,11 +38,15 @@ import collections
 import enum
 import logging
 import time
+from collections.abc import Mapping
 from types import TracebackType
+from typing import Literal
 
 import numpy as np
 
+from feeds.dbn.framing import take_mbp10
 from feeds.errors import FeedError
+from feeds.health import ArrivalClock, TimeRegression, single_instrument
 from feeds.sources.events import BatchPart, HealthEvent, HealthKind, RecordBatch, SourceCounters, SourceEvent
 
 __all__ = ["QueuedSource", "Source", "SourceState"]
@@ -52,13 +66,19 @@ class SourceState(enum.StrEnum):
 class Source(abc.ABC):
     """Base of every market-data source: lifecycle, counters and async iteration."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, instruments: Mapping[int, str] | None = None) -> None:
         self.name = name
         self.counters = SourceCounters()
         self.dataset: str | None = None
         """Databento dataset of the records, once known (``GLBX.MDP3``)."""
         self.symbols: dict[int, str] = {}
         """instrument_id -> symbol, as far as the source knows (file symbology, live mappings)."""
+        self.instruments = dict(instruments) if instruments is not None else None
+        """instrument_id -> symbol of the instruments passed on; ``None``: every instrument."""
+        self._allowed = np.array(sorted(self.instruments or ()), dtype=np.uint32)
+        self._arrival = ArrivalClock()
+        self._reported: set[tuple[str, str | int]] = set()
+        """The datasets, symbols and instruments whose refusal was reported (once each)."""
         self._state = SourceState.NEW
 
     @property
@@ -127,6 +147,76 @@ class Source(abc.ABC):
     ) -> None:
         await self.stop()
 
+    def _screen(self, records: np.ndarray) -> tuple[np.ndarray, list[HealthEvent]]:
+        """What the consumer gets of ``records`` (see the module docstring): the records of the
+        configured instruments, and the health events to deliver before them."""
+        events: list[HealthEvent] = []
+        if self.instruments is not None and len(records):
+            ids = records["instrument_id"]
+            if single_instrument(ids) not in self.instruments:
+                known = (ids[:, None] == self._allowed).any(axis=1)
+                if not known.all():
+                    events.extend(self._refuse_instruments(ids[~known]))
+                    records = take_mbp10(records, known)
+        if len(records):
+            events.extend(self._regression(found) for found in self._arrival.observe(records) if found.opened)
+        return records, events
+
+    def _refuse_instruments(self, ids: np.ndarray) -> list[HealthEvent]:
+        configured = ", ".join(f"{s} ({i})" for i, s in sorted((self.instruments or {}).items()))
+        events = []
+        for instrument_id, count in zip(*np.unique(ids, return_counts=True), strict=True):
+            iid = int(instrument_id)
+            symbol = self.symbols.get(iid)
+            detail = (
+                f"records of instrument {iid}{f' ({symbol})' if symbol else ''}, which is not in "
+                f"feeds.instruments ({configured}), are counted and never traded; add it to "
+                "feeds.instruments to trade it"
+            )
+            event = self._refuse("instrument", iid, int(count), detail)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _refuse(
+        self, what: Literal["dataset", "instrument"], key: str | int, count: int, detail: str
+    ) -> HealthEvent | None:
+        """Count ``count`` records refused for their ``what`` (``key``: the dataset, symbol or
+        instrument id); the first refusal of a key is logged and returns its ``MISMATCH`` event
+        (``detail`` names both sides and the remedy), later ones only count."""
+        if what == "dataset":
+            self.counters.rejected_dataset_records += count
+        else:
+            self.counters.rejected_instrument_records += count
+        if (what, key) in self._reported:
+            return None
+        self._reported.add((what, key))
+        log.warning("%s: %s", self.name, detail)
+        return HealthEvent(
+            HealthKind.MISMATCH,
+            time.time_ns(),
+            detail,
+            count=count,
+            instrument_id=key if isinstance(key, int) else None,
+        )
+
+    def _regression(self, found: TimeRegression) -> HealthEvent:
+        """The ``TIME_REGRESSION`` event of a batch that opened an episode."""
+        iid = found.instrument_id
+        symbol = (self.instruments or {}).get(iid) or self.symbols.get(iid)
+        back_s = (found.clock_ns - found.ts_ns) / 1e9
+        name = f"{symbol} ({iid})" if symbol else f"instrument {iid}"
+        detail = (
+            f"{name}: ts_recv went back {back_s:.3f} s (to {found.ts_ns}, latest "
+            f"{found.clock_ns}); {found.behind} record(s) behind: a feed replayed from an earlier "
+            "point or a restarted publisher; not tradable until it is past its latest time again"
+        )
+        self.counters.time_regressions += found.opened
+        log.warning("%s: %s", self.name, detail)
+        return HealthEvent(
+            HealthKind.TIME_REGRESSION, time.time_ns(), detail, count=found.behind, instrument_id=iid
+        )
+
     @abc.abstractmethod
     async def _start(self) -> None: ...
 
@@ -157,8 +247,15 @@ class QueuedSource(Source):
     :class:`feeds.sources.thread_bridge.ThreadBridge`).
     """
 
-    def __init__(self, name: str, *, max_batches: int, stale_after_s: float) -> None:
-        super().__init__(name)
+    def __init__(
+        self,
+        name: str,
+        *,
+        max_batches: int,
+        stale_after_s: float,
+        instruments: Mapping[int, str] | None = None,
+    ) -> None:
+        super().__init__(name, instruments=instruments)
         if max_batches < 1:
             raise FeedError(f"{name}: queue size must be >= 1, got {max_batches}")
         self._max_batches = max_batches
@@ -180,7 +277,11 @@ class QueuedSource(Source):
     def _emit_records(
         self, records: np.ndarray, transport_seq: int | None = None, part: BatchPart | None = None
     ) -> bool:
-        """Queue one batch (loop thread only); returns False if it was dropped (queue full)."""
+        """Screen (:meth:`Source._screen`) and queue one batch (loop thread only); returns False
+        if it was dropped (queue full)."""
+        records, events = self._screen(records)
+        for event in events:
+            self._push(event)
         n = int(records.shape[0])
         if n == 0:
             return True
@@ -213,6 +314,11 @@ class QueuedSource(Source):
         """The producer is done (loop thread only); iteration ends, or raises ``error``."""
         self._push(_End(error))
 
+    def _on_stale(self) -> None:
+        """Nothing came for another ``stale_after_s`` (on the loop; the first call of a stale
+        episode comes before its ``STALE`` event, then one each interval while it lasts): a
+        hook for sources that can find out why (``counters.stale`` numbers the episode)."""
+
     def _push(self, item: SourceEvent | _End) -> None:
         self._items.append(item)
         self._wakeup.set()
@@ -226,6 +332,7 @@ class QueuedSource(Source):
             try:
                 await asyncio.wait_for(self._wakeup.wait(), self._stale_after_s)
             except TimeoutError:
+                self._on_stale()
                 if not self._stale:
                     self._stale = True
                     self.counters.stale += 1

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,8 @@ class DatabentoLiveSource(QueuedSource):
     """MBP-10 records from the Databento Live gateway (see the module docstring).
 
     ``client_factory`` builds the client (``databento.Live`` by default) from keyword arguments
-    ``key`` and ``reconnect_policy``.
+    ``key`` and ``reconnect_policy``. ``instruments`` (instrument_id -> symbol) restricts what is
+    passed on, as for every source (:class:`~feeds.sources.base.Source`).
     """
 
     def __init__(
@@ -94,8 +95,14 @@ class DatabentoLiveSource(QueuedSource):
         max_batches: int = 1024,
         stale_after_s: float = 5.0,
         client_factory: Callable[..., databento.Live] = databento.Live,
+        instruments: Mapping[int, str] | None = None,
     ) -> None:
-        super().__init__(f"databento:{dataset}", max_batches=max_batches, stale_after_s=stale_after_s)
+        super().__init__(
+            f"databento:{dataset}",
+            max_batches=max_batches,
+            stale_after_s=stale_after_s,
+            instruments=instruments,
+        )
         if not symbols:
             raise FeedError("Databento Live needs feeds.source.symbols (the symbols to subscribe to)")
         self.dataset: str = dataset

@@ -3,8 +3,9 @@
 A source is an async iterator of :data:`SourceEvent` values. A :class:`RecordBatch` carries a
 NumPy structured array of :data:`feeds.records.MBP10_DTYPE` records (never a Python object per
 record); a :class:`HealthEvent` reports what happened to the transport (a gap, a disconnect, a
-reconnect, a stale feed, rejected bytes or dropped records) with counts and timestamps, so that
-the book and the daemon can mark instruments untradable and log the episode.
+reconnect, a stale feed, rejected bytes, dropped records, records that do not match the
+configuration, or time going back) with counts and timestamps, so that the book and the daemon
+can mark instruments untradable and log the episode.
 """
 
 from __future__ import annotations
@@ -70,6 +71,15 @@ class HealthKind(enum.StrEnum):
     """Bytes that were not valid MBP-10 DBN were counted and thrown away."""
     DROPPED = "dropped"
     """Valid records were dropped because the consumer fell behind (bounded queue full)."""
+    MISMATCH = "mismatch"
+    """The feed does not match the configuration: records of another dataset or of an instrument
+    that is not configured were counted and thrown away (never traded), or, while this feed is
+    stale, the stream holds other datasets' or symbols' messages and none of this feed's. Once
+    per dataset or instrument (or stale episode); the detail names both sides and the remedy."""
+    TIME_REGRESSION = "time_regression"
+    """An instrument's ``ts_recv`` went back behind the latest one seen (a feed replayed from an
+    earlier point, a restarted publisher): reported at the first such record, once per episode
+    (the episode ends with the first record at or after that latest time)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,7 +89,10 @@ class HealthEvent:
     ``at_ns`` is the local wall clock (UNIX ns) of the event. ``count`` is the number of things
     concerned: messages for ``REJECTED`` (``bytes`` gives their size), records for ``DROPPED``,
     missing transport messages for ``GAP`` when known (else 0). ``disconnected_at_ns`` and
-    ``reconnected_at_ns`` bound an outage for ``RECONNECTED``/``GAP`` events. ``detail`` is a
+    ``reconnected_at_ns`` bound an outage for ``RECONNECTED``/``GAP`` events; ``MISMATCH``
+    counts the refused records and ``TIME_REGRESSION`` the records of the batch behind the
+    instrument's latest time (``instrument_id`` names it for both when one instrument is
+    concerned). ``detail`` is a
     short human-readable explanation (never contains credentials).
     """
 
@@ -92,6 +105,8 @@ class HealthEvent:
     reconnected_at_ns: int | None = None
     sequence_gap: int | None = None
     """Transport sequence numbers skipped (``None`` when the transport cannot tell)."""
+    instrument_id: int | None = None
+    """The instrument concerned, when the event is about one."""
 
 
 SourceEvent = RecordBatch | HealthEvent
@@ -108,6 +123,11 @@ class SourceCounters:
     bytes: int = 0
     rejected_messages: int = 0
     rejected_bytes: int = 0
+    rejected_dataset_records: int = 0
+    """Records of another dataset (NATS subject, DBN file metadata): counted, never passed on."""
+    rejected_instrument_records: int = 0
+    """Records of an instrument that is not configured (or, on NATS, of a symbol not subscribed):
+    counted, never passed on."""
     dropped_records: int = 0
     duplicates: int = 0
     """Redelivered transport messages that were recognised and skipped."""
@@ -115,6 +135,8 @@ class SourceCounters:
     reconnects: int = 0
     gaps: int = 0
     stale: int = 0
+    time_regressions: int = 0
+    """Episodes of an instrument's ``ts_recv`` going back (``TIME_REGRESSION`` events)."""
 
     def snapshot(self) -> dict[str, int]:
         """A plain copy of the counters (for logs, metrics and ``--json`` output)."""

@@ -5,6 +5,11 @@ turns its disconnect / reconnect callbacks into outage intervals (wall-clock ns)
 owner, creates the market-data stream when it is missing, and retries JetStream API calls that
 time out right after a reconnect (measured: for ~0.5 s after a server restart). It knows
 nothing of DBN. ``nats-py`` exceptions are translated into :class:`feeds.errors.FeedError` here.
+
+It also checks what the server can do (:meth:`NatsSession.require_version`): the server's
+version comes from its ``INFO`` greeting; JetStream consumers filtered on several subjects
+need nats-server 2.10 (:data:`MULTI_FILTER_VERSION`), and an older server ignores the filter
+without an error, delivering every subject of the stream.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from feeds.errors import FeedError
 from feeds.sources.subjects import SUBJECT_ROOT
 
-__all__ = ["NatsSession", "NatsUnavailable", "stream_subjects"]
+__all__ = ["MULTI_FILTER_VERSION", "NatsSession", "NatsUnavailable", "stream_subjects"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,10 @@ _T = TypeVar("_T")
 ReconnectHook = Callable[[int, int], Awaitable[None]]
 """``(disconnected_at_ns, reconnected_at_ns)``: called on the event loop after a reconnect."""
 DisconnectHook = Callable[[int], None]
+
+MULTI_FILTER_VERSION = (2, 10, 0)
+"""The first nats-server release that applies a consumer's ``filter_subjects`` (several)."""
+CLOSE_TIMEOUT_S = 5.0
 
 
 class NatsUnavailable(FeedError):
@@ -120,15 +129,39 @@ class NatsSession:
         self._js = self._nc.jetstream()
         log.info("%s: connected to %s", self.name, _redact_url(self.url))
 
-    async def close(self) -> None:
-        """Drain nothing, just close (idempotent)."""
+    @property
+    def server_version(self) -> tuple[int, int, int] | None:
+        """The version the server announced in its ``INFO`` greeting (``(0, 0, 0)`` when it
+        announced none; ``None`` when it does not parse)."""
+        version = self.client.connected_server_version
+        try:
+            return version.major, version.minor, version.patch
+        except ValueError:
+            return None
+
+    def require_version(self, minimum: tuple[int, int, int], needed_for: str, remedy: str) -> None:
+        """Raise :class:`FeedError` when the server is older than ``minimum`` (or announces a
+        version that does not parse), naming the server, its version, ``needed_for`` and
+        ``remedy``."""
+        found = self.server_version
+        if found is not None and found >= minimum:
+            return
+        announced = ".".join(map(str, found)) if found is not None else "of an unknown version"
+        raise FeedError(
+            f"{_redact_url(self.url)}: NATS server {announced} is older than "
+            f"{'.'.join(map(str, minimum))}, which {needed_for}; {remedy}"
+        )
+
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Drain nothing, just close (idempotent), giving up after ``timeout_s`` (a server that
+        no longer reads could hold the final flush)."""
         self._closing = True
         nc, self._nc, self._js = self._nc, None, None
         if nc is not None and not nc.is_closed:
             try:
-                await nc.close()
+                await asyncio.wait_for(nc.close(), max(timeout_s, 0.0))
             except (OSError, TimeoutError, nats.errors.Error) as exc:
-                log.debug("%s: error while closing: %s", self.name, exc)
+                log.debug("%s: error while closing: %r", self.name, exc)
 
     async def confirm_commands(self) -> None:
         """Return once the server has processed every command sent so far (subscriptions

@@ -32,6 +32,17 @@ Modes (``SourceConfig.nats_mode``):
 
 Every disconnect is reported as ``DISCONNECTED`` and every reconnect as ``RECONNECTED``
 (``disconnected_at_ns``/``reconnected_at_ns``) once the subscriptions are re-established.
+
+What does not match the configuration never reaches the consumer. A JetStream consumer filtered
+on several subjects (``symbols`` given) needs nats-server 2.10: an older server ignores the filter
+and delivers every dataset of the stream, so :meth:`NatsSource.start` refuses it, naming the
+server's version, the stream and the subjects. Every message's subject is checked again on
+receipt (:class:`~feeds.sources.subjects.SubjectFilter`): one of another dataset or symbol is
+counted (``rejected_dataset_records``/``rejected_instrument_records``, its payload's records)
+and reported once per dataset or symbol as ``MISMATCH``, never decoded. While the feed is stale
+the stream is asked, every ``stale_after_s``, which subjects it holds: if none is this feed's
+but others are (a relay publishing ``SYNTH`` to a daemon configured for ``GLBX.MDP3``), a
+``MISMATCH`` event, once per stale episode, names the datasets it holds and the remedy.
 """
 
 from __future__ import annotations
@@ -44,7 +55,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, cast
 
 import nats.errors
 import nats.js.errors
@@ -54,12 +65,13 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from feeds.dbn import StreamDecoder
+from feeds.dbn.framing import MBP10_SIZE
 from feeds.errors import FeedError
 from feeds.sources.base import QueuedSource
 from feeds.sources.events import HealthEvent, HealthKind
-from feeds.sources.nats_session import NatsSession, NatsUnavailable
+from feeds.sources.nats_session import MULTI_FILTER_VERSION, NatsSession, NatsUnavailable
 from feeds.sources.nats_wire import SequenceTracker, parse_tags
-from feeds.sources.subjects import dataset_subjects
+from feeds.sources.subjects import SUBJECT_ROOT, SubjectFilter, dataset_subjects, subject_dataset
 
 __all__ = ["NatsSource"]
 
@@ -98,10 +110,20 @@ class NatsSource(QueuedSource):
         max_batches: int = 1024,
         stale_after_s: float = 5.0,
         ack: Literal["receipt", "manual"] = "receipt",
+        instruments: Mapping[int, str] | None = None,
     ) -> None:
-        super().__init__(f"nats:{mode}:{dataset}", max_batches=max_batches, stale_after_s=stale_after_s)
+        super().__init__(
+            f"nats:{mode}:{dataset}",
+            max_batches=max_batches,
+            stale_after_s=stale_after_s,
+            instruments=instruments,
+        )
         self.dataset = dataset
         self.subjects = dataset_subjects(dataset, symbols)
+        self._filter = SubjectFilter(dataset, symbols)
+        self._probe: asyncio.Task[None] | None = None
+        self._named_episode = 0
+        """The stale episode (``counters.stale``) whose mismatch was named."""
         self.mode = mode
         self.stream = stream
         self.durable = durable
@@ -141,17 +163,26 @@ class NatsSource(QueuedSource):
                 self._core_subs.append(sub)
             await self._session.confirm_commands()
         else:
+            if len(self.subjects) > 1:
+                self._session.require_version(
+                    MULTI_FILTER_VERSION,
+                    f"a JetStream consumer on stream {self.stream} filtered on {', '.join(self.subjects)} "
+                    "needs (an older server ignores the filter and delivers every dataset)",
+                    "upgrade nats-server, or set feeds.source.symbols = [] (one filter: "
+                    f"{SUBJECT_ROOT}.{self._filter.dataset_token}.>)",
+                )
             await self._session.ensure_stream(self.stream, self._stream_max_age_s)
             await self._bind_consumer()
             self._pull_task = asyncio.create_task(self._pull_loop(), name=f"{self.name}-pull")
         log.info("%s: subscribed to %s", self.name, self.subjects)
 
     async def _stop(self) -> None:
-        task, self._pull_task = self._pull_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._pull_task, self._probe):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._pull_task = self._probe = None
         if self._unacked and self._ack == "receipt":
             await self._ack_msg(self._unacked[-1][1])
         await self._session.close()
@@ -324,6 +355,10 @@ class NatsSource(QueuedSource):
         counters = self.counters
         counters.messages += 1
         counters.bytes += len(data)
+        mismatch = self._filter.mismatch(subject)
+        if mismatch is not None:
+            self._refuse_subject(subject, mismatch, len(data) // MBP10_SIZE)
+            return
         tags = parse_tags(headers)
         missing, repeat = self._tracker.observe(subject, tags)
         if repeat:
@@ -351,6 +386,58 @@ class NatsSource(QueuedSource):
             )
             return
         self._emit_records(records, seq, tags.part)
+
+    def _refuse_subject(self, subject: str, what: Literal["dataset", "symbol"], records: int) -> None:
+        """A message outside this consumer's subjects (the server did not apply the filter)."""
+        token = subject_dataset(subject) if what == "dataset" else subject.rsplit(".", 1)[-1]
+        detail = (
+            f"NATS subject {subject} is not one of {', '.join(self.subjects)} "
+            f"({'dataset' if what == 'dataset' else 'symbol'} {token}): its records are counted and "
+            "never traded; the server did not apply the consumer's filter (nats-server before "
+            "2.10 ignores a multi-subject filter): upgrade it"
+        )
+        event = self._refuse(
+            "dataset" if what == "dataset" else "instrument", f"{what}:{token}", records, detail
+        )
+        if event is not None:
+            self._emit_health(event)
+
+    @property
+    def _stale_episode(self) -> int:
+        """The number of the stale episode going on (or, before its event, starting)."""
+        return self.counters.stale + (0 if self._stale else 1)
+
+    def _on_stale(self) -> None:
+        if self._named_episode != self._stale_episode and (self._probe is None or self._probe.done()):
+            self._probe = asyncio.get_running_loop().create_task(
+                self._probe_stream(), name=f"{self.name}-probe"
+            )
+
+    async def _probe_stream(self) -> None:
+        """The feed is stale: if the stream holds messages, none of them on this feed's
+        subjects, say which datasets it holds instead (a ``MISMATCH`` event, once per stale
+        episode; asked again each ``stale_after_s`` until then: the publisher may start late)."""
+        js = self._session.js
+        try:
+            info = await js.stream_info(self.stream, subjects_filter=f"{SUBJECT_ROOT}.>")
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.debug("%s: cannot look into stream %s: %r", self.name, self.stream, exc)
+            return
+        held = cast("dict[str, int]", info.state.subjects or {})
+        if not held or any(self._filter.mismatch(subject) is None for subject in held):
+            return
+        datasets = sorted({subject_dataset(subject) for subject in held})
+        examples = ", ".join(sorted(held)[:4])
+        detail = (
+            f"no data on {', '.join(self.subjects)}: stream {self.stream} holds messages of dataset "
+            f"{', '.join(datasets)} ({examples}{', ...' if len(held) > 4 else ''}) but none on "
+            f"this feed's subjects (dataset {self.dataset}); set feeds.source.dataset (and "
+            "feeds.source.symbols) to what the relay publishes, or relay data of "
+            f"{self.dataset}"
+        )
+        self._named_episode = self._stale_episode
+        log.warning("%s: %s", self.name, detail)
+        self._emit_health(HealthEvent(HealthKind.MISMATCH, time.time_ns(), detail))
 
     def _report_gap(self, subject: str, missing: int) -> None:
         self.counters.gaps += 1

@@ -7,18 +7,25 @@ advanced ``(ts_recv - first ts_recv) / N`` since the replay started; records due
 one batch, and recorded gaps (overnight, outages) are replayed as they are, i.e. slept through
 (scaled by N) without any event: a replayed gap looks exactly like the original one to the
 book's stale-feed check.
+
+With ``dataset`` given (what a daemon replays: ``feeds.source.dataset``), a file whose metadata
+names another dataset is read but its records are counted (``rejected_dataset_records``),
+reported once per dataset (``MISMATCH``) and never yielded; with ``instruments`` given, so are
+records of other instruments (:meth:`~feeds.sources.base.Source._screen`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from feeds.dbn import dbn_files, iter_mbp10, read_metadata
+from feeds.dbn import DBNInfo, dbn_files, read_metadata
+from feeds.dbn.reader import iter_mbp10_files
 from feeds.errors import FeedError
 from feeds.sources.base import Source
 from feeds.sources.events import RecordBatch, SourceEvent
@@ -34,8 +41,16 @@ class ReplaySource(Source):
     :class:`~feeds.errors.DBNFormatError`) and read lazily in bounded memory.
     """
 
-    def __init__(self, path: str | Path, *, pace: float = 0.0, batch_records: int = 4096) -> None:
-        super().__init__(f"replay:{Path(path).name}")
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        pace: float = 0.0,
+        batch_records: int = 4096,
+        dataset: str | None = None,
+        instruments: Mapping[int, str] | None = None,
+    ) -> None:
+        super().__init__(f"replay:{Path(path).name}", instruments=instruments)
         if pace < 0 or not np.isfinite(pace):
             raise FeedError(f"replay pace must be 0 (as fast as possible) or > 0, got {pace}")
         if batch_records < 1:
@@ -43,9 +58,12 @@ class ReplaySource(Source):
         self.path = Path(path)
         self.pace = pace
         self.batch_records = batch_records
-        self._chunks: Iterator[np.ndarray] | None = None
+        self.dataset = dataset
+        self._expected = dataset
+        self._chunks: Iterator[tuple[DBNInfo, np.ndarray]] | None = None
         self._chunk: np.ndarray | None = None
         self._pos = 0
+        self._pending: collections.deque[SourceEvent] = collections.deque()
         self._t0_wall_ns = 0
         self._t0_ts_ns: int | None = None
 
@@ -54,42 +72,65 @@ class ReplaySource(Source):
             info = read_metadata(file)
             self.dataset = self.dataset or info.dataset
             self.symbols.update(info.symbols)
-        self._chunks = iter_mbp10(self.path, chunk_records=max(self.batch_records, 65_536))
+        self._chunks = iter_mbp10_files(self.path, chunk_records=max(self.batch_records, 65_536))
 
     async def _stop(self) -> None:
         self._chunks = None
         self._chunk = None
 
     def _current(self) -> np.ndarray | None:
-        """The chunk being replayed, reading the next one when it is used up (None at the end)."""
+        """The chunk being replayed, reading the next one when it is used up (None at the end);
+        chunks of a file of another dataset are counted and passed over."""
         while self._chunk is None or self._pos >= len(self._chunk):
             if self._chunks is None:
                 return None
             try:
-                self._chunk = next(self._chunks)
+                info, self._chunk = next(self._chunks)
             except StopIteration:
                 self._chunks = None
                 return None
             self._pos = 0
+            if self._expected is not None and info.dataset != self._expected:
+                self._count_read(self._chunk)
+                detail = (
+                    f"{info.path} holds dataset {info.dataset}, not the configured {self._expected}: "
+                    f"its records are counted and never traded; replay {self._expected} files, or "
+                    f'set feeds.source.dataset = "{info.dataset}"'
+                )
+                event = self._refuse("dataset", info.dataset, len(self._chunk), detail)
+                if event is not None:
+                    self._pending.append(event)
+                self._pos = len(self._chunk)
         return self._chunk
 
     async def _next(self) -> SourceEvent | None:
-        chunk = self._current()
-        if chunk is None:
-            return None
-        start = self._pos
-        stop = min(start + self.batch_records, len(chunk))
-        if self.pace > 0:
-            stop = await self._paced_stop(chunk, start, stop)
-        else:
-            await asyncio.sleep(0)  # let other tasks run between batches
-        self._pos = stop
-        records = chunk[start:stop]
-        self.counters.batches += 1
-        self.counters.records += len(records)
+        while not self._pending:
+            chunk = self._current()
+            if self._pending:
+                break
+            if chunk is None:
+                return None
+            start = self._pos
+            stop = min(start + self.batch_records, len(chunk))
+            if self.pace > 0:
+                stop = await self._paced_stop(chunk, start, stop)
+            else:
+                await asyncio.sleep(0)  # let other tasks run between batches
+            self._pos = stop
+            records = chunk[start:stop]
+            self._count_read(records)
+            records, events = self._screen(records)
+            self._pending.extend(events)
+            if len(records):
+                self.counters.batches += 1
+                self.counters.records += len(records)
+                self._pending.append(RecordBatch(records, time.time_ns()))
+        return self._pending.popleft()
+
+    def _count_read(self, records: np.ndarray) -> None:
+        """Records read from the files (one transport message each), passed on or not."""
         self.counters.messages += len(records)
         self.counters.bytes += records.nbytes
-        return RecordBatch(records, time.time_ns())
 
     async def _paced_stop(self, chunk: np.ndarray, start: int, stop: int) -> int:
         """Sleep until the record at ``start`` is due; return the end of the due run (<= stop)."""

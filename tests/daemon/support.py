@@ -72,7 +72,9 @@ def install_model(config: Config, blob: bytes, fingerprint: str, *, promote: boo
 
 
 def config_text(data_dir: Path, source: str, *, extra: str = "", storage_url: str = "") -> str:
-    """A daemon configuration: tiny model, paper broker, no metrics port, no schedule."""
+    """A daemon configuration: tiny model, paper broker, no metrics port, no schedule; the
+    source's dataset is the synthetic feeds' (``SYNTH``) unless ``source`` sets one."""
+    dataset = "" if "dataset" in source else f'dataset = "{SynthConfig().dataset}"\n'
     instruments = "".join(
         f"""
 [[feeds.instruments]]
@@ -90,7 +92,7 @@ data_dir = "{data_dir}"
 device = "cpu"
 
 [feeds.source]
-{source}
+{dataset}{source}
 
 [model]
 window = {TINY.window}
@@ -123,10 +125,19 @@ def write_config(path: Path, text: str) -> Config:
 
 
 class DaemonProcess:
-    """``python -m agent.cli --config FILE run`` as a real subprocess."""
+    """``python -m agent.cli --config FILE run`` as a real subprocess (``module``: a module that
+    runs the CLI in a prepared process instead, e.g. ``tests.support.sqlite_full``)."""
 
-    def __init__(self, config_path: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        *,
+        module: str = "agent.cli",
+    ) -> None:
         self.config_path = config_path
+        self.module = module
         self.config = load_config(config_path, env={})
         self.log_path = log_path
         self._env = {**os.environ, **(env or {})}
@@ -138,7 +149,7 @@ class DaemonProcess:
     def start(self, timeout: float = 60.0) -> None:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "--config", str(self.config_path), "run"],
+                [sys.executable, "-m", self.module, "--config", str(self.config_path), "run"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self._env,

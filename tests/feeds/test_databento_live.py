@@ -192,15 +192,15 @@ async def test_a_slow_consumer_loses_records_counted_never_silently(api_key: str
     )
     await source.start()
     try:
-        records = feed_records(2500)  # 5000 records
+        records = feed_records(2555)  # 5110 records
         # Our loop is blocked while the client thread delivers them all: the bridge holds 4096
         # records at most (one queue slot's worth), the rest is dropped and counted.
-        gateway.send(dbn_records(records))
+        gateway.send(dbn_records(records[:5000]))
         await asyncio.sleep(0)  # the bridge drains: 904 dropped, one batch of 4096 queued
-        gateway.send(dbn_records(records[:100]))  # the only queue slot is taken: dropped
+        gateway.send(dbn_records(records[5000:5100]))  # the only queue slot is taken: dropped
         await asyncio.sleep(0)
         first = [await asyncio.wait_for(source.next(), 30) for _ in range(2)]
-        gateway.send(dbn_records(records[:10]))  # room again: the queue drop episode is reported
+        gateway.send(dbn_records(records[5100:]))  # room again: the queue drop episode is reported
         second = [await asyncio.wait_for(source.next(), 30) for _ in range(2)]
         events = first + second
         kinds = [e.kind if isinstance(e, HealthEvent) else len(e) for e in events if e is not None]

@@ -114,13 +114,13 @@ class _PushSource(QueuedSource):
 async def test_queued_source_drops_batches_when_full_and_reports_once() -> None:
     source = _PushSource("push", max_batches=2, stale_after_s=60)
     await source.start()
-    records = feed_records(5)
+    records = feed_records(6)
     assert source._emit_records(records[:2])
     assert source._emit_records(records[2:4])
     assert not source._emit_records(records[4:7])  # full: dropped
     assert not source._emit_records(records[7:10])
     events = [event for event in (await source.next(), await source.next()) if event is not None]
-    assert source._emit_records(records[:1])  # room again: the drop episode is reported first
+    assert source._emit_records(records[10:11])  # room again: the drop episode is reported first
     source._finish()
     events += [event async for event in source]
     kinds = [type(e).__name__ if isinstance(e, RecordBatch) else e.kind for e in events]

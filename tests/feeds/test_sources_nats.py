@@ -37,6 +37,8 @@ class Collector:
     def __init__(self, source: NatsSource) -> None:
         self.source = source
         self.batches: list[np.ndarray] = []
+        self.received = 0
+        """Records taken so far (cheap to poll, unlike :attr:`records`)."""
         self.health: list[HealthEvent] = []
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -58,6 +60,7 @@ class Collector:
     def _take(self, event: SourceEvent) -> None:
         if isinstance(event, RecordBatch):
             self.batches.append(event.records.copy())
+            self.received += len(event)
         else:
             self.health.append(event)
         self._changed.set()

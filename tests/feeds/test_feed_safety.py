@@ -1,0 +1,396 @@
+"""Feed safety and recovery against a real nats-server (issue 12, points 3, 11, 12 and 15).
+
+* A server older than 2.10 (as announced through a protocol proxy in front of the real server)
+  is refused for a multi-subject consumer; a server that ignores the filter (the proxy drops
+  ``filter_subjects`` on its way, as such a server does) feeds no record of another dataset.
+* Records of another dataset or of an instrument that is not configured are counted and never
+  passed on (NATS and replay, real DBN bytes); a stale feed names the dataset the stream holds.
+* A time regression is reported at its first record, once per episode.
+* ``tradeagent relay`` killed mid-file and restarted resumes after the stream's last message:
+  the consumer sees every record once, in order, without a regression.
+* SIGTERM stops the relay within its stop timeout, with the stream deleted under it and with a
+  server that stops answering.
+* The daemon, fed SYNTH records through a server that ignores its filter, counts them in
+  ``ctl status``, places no order and names the mismatch in its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import nats.js.errors
+import numpy as np
+import pytest
+
+from feeds.dbn import write_mbp10
+from feeds.errors import FeedError
+from feeds.health import ArrivalClock
+from feeds.sources import HealthKind, RecordBatch, ReplaySource, SourceState
+from feeds.sources.nats_session import NatsSession
+from feeds.sources.nats_wire import MessageEncoder
+from tests.daemon.support import (
+    DaemonProcess,
+    config_text,
+    install_model,
+    model_checkpoint,
+    synth_feed,
+    write_config,
+)
+from tests.feeds.nats_proxy import NatsProxy
+from tests.feeds.test_recorder import TRADEAGENT, run_env, wait_for
+from tests.feeds.test_sources_nats import STREAM, Collector, nats_source, relay_file, same_feed
+from tests.support.feed_data import DATASET, SYMBOLS, feed_records, write_feed
+from tests.support.nats_server import NatsServer
+
+STOP_TIMEOUT_S = 3.0
+EXIT_MARGIN_S = 2.0
+"""Interpreter shutdown after the relay's own stop (generous: the machine is shared)."""
+
+
+def write_dataset(path: Path, records: np.ndarray, dataset: str) -> Path:
+    ts = records["ts_recv"]
+    return write_mbp10(
+        path, records, dataset=dataset, symbols=SYMBOLS, start_ns=int(ts[0]), end_ns=int(ts[-1]) + 1
+    )
+
+
+async def stream_messages(server: NatsServer) -> int:
+    """Messages the market-data stream holds now (0 while it does not exist)."""
+    session = NatsSession(server.url, "test-probe")
+    await session.connect()
+    try:
+        return int((await session.js.stream_info(STREAM)).state.messages)
+    except nats.js.errors.NotFoundError:  # not created yet, or deleted
+        return 0
+    finally:
+        await session.close()
+
+
+def holds_messages(server: NatsServer) -> bool:
+    return asyncio.run(stream_messages(server)) > 0
+
+
+def relay(path: Path, url: str, tmp_path: Path, *, pace: float, log: Path) -> subprocess.Popen[bytes]:
+    env = run_env(tmp_path)
+    env["TRADEAGENT__FEEDS__RELAY__STOP_TIMEOUT_S"] = str(STOP_TIMEOUT_S)
+    args = [
+        "relay",
+        "--source",
+        "replay",
+        "--path",
+        str(path),
+        "--pace",
+        str(pace),
+        "--nats-url",
+        url,
+        "--json",
+    ]
+    with log.open("ab") as err:
+        return subprocess.Popen([*TRADEAGENT, *args], env=env, stdout=subprocess.PIPE, stderr=err)
+
+
+def sigterm_exit_s(proc: subprocess.Popen[bytes]) -> tuple[int, float, dict[str, int]]:
+    """SIGTERM ``proc``: (exit code, seconds to exit, its JSON counters)."""
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=STOP_TIMEOUT_S + 30)
+    return proc.returncode, time.monotonic() - started, json.loads(out) if out else {}
+
+
+def span_s(records: np.ndarray) -> float:
+    return (int(records["ts_recv"][-1]) - int(records["ts_recv"][0])) / 1e9
+
+
+# ---------------------------------------------------------------- dataset and instrument checks
+
+
+async def test_an_old_server_is_refused_for_a_multi_subject_consumer(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    records = feed_records(200)
+    with NatsProxy(nats_server.port, version="2.9.25") as proxy:
+        source = nats_source(nats_server, url=proxy.url, symbols=("ES", "NQ"))
+        with pytest.raises(FeedError) as caught:
+            await source.start()
+        message = str(caught.value)
+        assert f"{proxy.url}: NATS server 2.9.25 is older than 2.10.0" in message
+        assert "stream MBP10 filtered on md.mbp10.GLBX-MDP3.ES, md.mbp10.GLBX-MDP3.NQ" in message
+        assert "upgrade nats-server, or set feeds.source.symbols = []" in message
+        assert source.state is SourceState.FAULTED
+        # One filter (the dataset wildcard) is applied by every server: accepted there.
+        async with Collector(nats_source(nats_server, url=proxy.url)) as sink:
+            await relay_file(nats_server, write_feed(tmp_path / "feed.dbn", records))
+            await sink.until(lambda c: c.received >= len(records))
+            same_feed(sink.records, records)
+
+
+async def test_a_server_ignoring_the_filter_feeds_no_record_of_another_dataset(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    ours = feed_records(300)
+    synth = feed_records(200, seed=5)
+    await relay_file(nats_server, write_dataset(tmp_path / "synth.dbn", synth, "SYNTH"))
+    await relay_file(nats_server, write_feed(tmp_path / "ours.dbn", ours))
+    with NatsProxy(nats_server.port, strip_filters=True) as proxy:
+        source = nats_source(nats_server, url=proxy.url, symbols=("ES", "NQ"), durable="from-start")
+        async with Collector(source) as sink:
+            assert proxy.stripped == 1  # the consumer delivers every subject of the stream
+            await sink.until(
+                lambda c: c.received >= len(ours) and source.counters.rejected_dataset_records > 0
+            )
+            await sink.until(lambda c: source.counters.rejected_dataset_records == len(synth))
+            same_feed(sink.records, ours)
+            assert sink.kinds() == [HealthKind.MISMATCH]  # once, for the dataset
+            detail = sink.health[0].detail
+            assert "NATS subject md.mbp10.SYNTH." in detail and "(dataset SYNTH)" in detail
+            assert "md.mbp10.GLBX-MDP3.ES, md.mbp10.GLBX-MDP3.NQ" in detail and "2.10" in detail
+            assert source.counters.rejected_instrument_records == 0
+
+
+async def test_records_of_an_instrument_not_configured_never_reach_the_consumer(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    records = feed_records(400)
+    es = records[records["instrument_id"] == 1001]
+    last = es[-1:].copy()  # relayed after the feed: once it is in, the whole feed was judged
+    for field in ("ts_recv", "ts_event"):
+        last[field] += np.uint64(10**9)
+    source = nats_source(nats_server, instruments={1001: "ES"})
+    async with Collector(source) as sink:
+        await relay_file(nats_server, write_feed(tmp_path / "feed.dbn", records))
+        await relay_file(nats_server, write_feed(tmp_path / "last.dbn", last))
+        await sink.until(lambda c: c.received >= len(es) + 1)
+        assert source.counters.rejected_instrument_records == len(records) - len(es)
+        assert sink.records.tobytes() == np.concatenate([es, last]).tobytes()
+        assert sink.kinds() == [HealthKind.MISMATCH]
+        assert sink.health[0].instrument_id == 1002
+        assert "instrument 1002, which is not in feeds.instruments (ES (1001))" in sink.health[0].detail
+
+
+async def test_replay_refuses_a_file_of_another_dataset_and_unconfigured_instruments(tmp_path: Path) -> None:
+    ours = feed_records(300)
+    later = feed_records(300, seed=3)
+    for field in ("ts_recv", "ts_event"):
+        later[field] += np.uint64(86_400 * 10**9)  # the next day
+    write_feed(tmp_path / "feed" / "day1.dbn", ours)
+    foreign = write_dataset(tmp_path / "feed" / "day2.dbn.zst", later, "SYNTH")
+    source = ReplaySource(tmp_path / "feed", batch_records=100, dataset=DATASET, instruments={1001: "ES"})
+    async with source:
+        events = [event async for event in source]
+    batches = [e for e in events if isinstance(e, RecordBatch)]
+    health = [e for e in events if not isinstance(e, RecordBatch)]
+    es = ours[ours["instrument_id"] == 1001]
+    assert np.concatenate([b.records for b in batches]).tobytes() == es.tobytes()
+    assert [e.kind for e in health] == [HealthKind.MISMATCH, HealthKind.MISMATCH]
+    assert health[0].instrument_id == 1002
+    assert f"{foreign} holds dataset SYNTH, not the configured GLBX.MDP3" in health[1].detail
+    assert 'set feeds.source.dataset = "SYNTH"' in health[1].detail
+    counters = source.counters
+    assert counters.rejected_dataset_records == len(later)
+    assert counters.rejected_instrument_records == len(ours) - len(es)
+    assert counters.records == len(es) and counters.messages == len(ours) + len(later)
+
+
+async def test_a_stale_feed_names_the_dataset_the_stream_holds_once_it_holds_one(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    async with Collector(nats_source(nats_server, durable="d", stale_after_s=0.3)) as sink:
+        await sink.until(lambda c: HealthKind.STALE in c.kinds())  # the stream is empty yet
+        await relay_file(nats_server, write_dataset(tmp_path / "synth.dbn", feed_records(100), "SYNTH"))
+        await sink.until(lambda c: HealthKind.MISMATCH in c.kinds())
+        assert sink.kinds() == [HealthKind.STALE, HealthKind.MISMATCH]
+        detail = sink.health[1].detail
+        assert "no data on md.mbp10.GLBX-MDP3.>: stream MBP10 holds messages of dataset SYNTH" in detail
+        assert "set feeds.source.dataset" in detail and "relay data of GLBX.MDP3" in detail
+        assert sink.records.shape[0] == 0
+
+
+# ---------------------------------------------------------------- time regressions
+
+
+def test_the_arrival_clock_reports_a_regression_once_per_episode() -> None:
+    records = feed_records(100)
+    es = records[records["instrument_id"] == 1001]
+    clock = ArrivalClock()
+    assert clock.observe(records[:120]) == []
+    again = clock.observe(es[:10])  # replayed from the start
+    assert len(again) == 1
+    first = again[0]
+    assert (first.instrument_id, first.opened, first.behind, first.ongoing) == (1001, 1, 10, True)
+    assert first.ts_ns == int(es["ts_recv"][0])
+    seen = int(np.count_nonzero(records[:120]["instrument_id"] == 1001))
+    later = clock.observe(es[10 : seen - 1])  # still behind: the same episode
+    assert [(found.opened, found.ongoing) for found in later] == [(0, True)]
+    assert clock.observe(es[seen:]) == []  # past the clock: the episode is over
+    assert [found.opened for found in clock.observe(es[:1])] == [1]  # a new one
+
+
+async def test_a_time_regression_is_reported_at_its_first_record(nats_server: NatsServer) -> None:
+    es = feed_records(300)
+    es = es[es["instrument_id"] == 1001]
+    first_run, _ = MessageEncoder(DATASET, batch_records=25).encode(es[:200], SYMBOLS)
+    replayed, _ = MessageEncoder(DATASET, batch_records=25).encode(es, SYMBOLS)  # a relay from the start
+    publisher = NatsSession(nats_server.url, "test-publisher")
+    await publisher.connect()
+    try:
+        async with Collector(nats_source(nats_server, mode="core", instruments=SYMBOLS)) as sink:
+            for message in [*first_run, replayed[0]]:
+                await publisher.client.publish(message.subject, message.payload, headers=message.headers)
+            await sink.until(lambda c: HealthKind.TIME_REGRESSION in c.kinds() and c.received >= 225)
+            assert len(sink.records) == 200 + 25  # reported with the first records behind
+            event = sink.health[0]
+            assert (event.instrument_id, event.count) == (1001, 25)
+            assert "ES (1001): ts_recv went back" in event.detail
+            for message in replayed[1:]:
+                await publisher.client.publish(message.subject, message.payload, headers=message.headers)
+            await sink.until(lambda c: c.received == 200 + len(es))
+            assert sink.kinds() == [HealthKind.TIME_REGRESSION]  # one episode
+            assert sink.source.counters.time_regressions == 1
+    finally:
+        await publisher.close()
+
+
+# ---------------------------------------------------------------- the relay: resume and stop
+
+
+def test_a_relay_killed_mid_file_resumes_after_the_streams_last_message(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    records = feed_records(3000)
+    feed = write_feed(tmp_path / "feed.dbn", records)
+    log = tmp_path / "relay.log"
+
+    async def scenario() -> None:
+        source = nats_source(nats_server, durable="daemon")
+        async with Collector(source) as sink:
+            first = relay(feed, nats_server.url, tmp_path, pace=span_s(records) / 8, log=log)
+            try:
+                await sink.until(lambda c: c.received >= len(records) // 4)
+                first.send_signal(signal.SIGKILL)
+                first.communicate(timeout=30)
+            finally:
+                if first.poll() is None:
+                    first.kill()
+            second = relay(feed, nats_server.url, tmp_path, pace=0, log=log)
+            out, _ = second.communicate(timeout=60)
+            assert second.returncode == 0, log.read_text()
+            counters = json.loads(out)
+            assert 0 < counters["skipped_records"] < len(records)
+            assert counters["skipped_records"] + counters["records"] == len(records)
+            await sink.until(lambda c: c.received >= len(records))
+            same_feed(sink.records, records)
+            assert source.counters.duplicates == 0
+            assert source.counters.time_regressions == 0
+            assert HealthKind.TIME_REGRESSION not in sink.kinds()
+
+    asyncio.run(scenario())
+    assert "resuming after the stream's last records: ES at ts_recv" in log.read_text()
+
+
+def test_sigterm_stops_the_relay_in_time_when_the_stream_is_deleted_under_it(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    records = feed_records(4000)
+    log = tmp_path / "relay.log"
+    proc = relay(
+        write_feed(tmp_path / "feed.dbn", records),
+        nats_server.url,
+        tmp_path,
+        pace=span_s(records) / 20,
+        log=log,
+    )
+    try:
+        wait_for("the relay to publish", lambda: holds_messages(nats_server))
+
+        async def delete() -> None:
+            session = NatsSession(nats_server.url, "test-admin")
+            await session.connect()
+            try:
+                await session.js.delete_stream(STREAM)
+            finally:
+                await session.close()
+
+        asyncio.run(delete())
+        wait_for("the stream to be re-created and fed", lambda: holds_messages(nats_server))
+        code, seconds, counters = sigterm_exit_s(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    text = log.read_text()
+    assert code == 0, text
+    assert seconds < STOP_TIMEOUT_S + EXIT_MARGIN_S, text
+    assert text.count("no JetStream stream records") == 1, text
+    assert counters["messages"] > 0 and counters["abandoned_messages"] == 0
+
+
+def test_sigterm_stops_the_relay_in_time_when_the_server_stops_answering(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    records = feed_records(4000)
+    log = tmp_path / "relay.log"
+    with NatsProxy(nats_server.port) as proxy:
+        feed = write_feed(tmp_path / "feed.dbn", records)
+        proc = relay(feed, proxy.url, tmp_path, pace=span_s(records) / 20, log=log)
+        try:
+            wait_for("the relay to publish", lambda: holds_messages(nats_server))
+            proxy.freeze()
+            wait_for("a publish to be held back", lambda: proxy.held > 0)
+            code, seconds, counters = sigterm_exit_s(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=30)
+    text = log.read_text()
+    assert code == 0, text
+    assert seconds < STOP_TIMEOUT_S + EXIT_MARGIN_S, text
+    assert counters["abandoned_messages"] > 0, text
+    assert "left unacknowledged; a relay restarted on the same files publishes them again" in text
+
+
+# ---------------------------------------------------------------- the daemon
+
+
+def test_the_daemon_never_trades_another_dataset_and_names_it(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    feed = synth_feed(tmp_path / "synth")[0]  # dataset SYNTH, ES and NQ
+    with NatsProxy(nats_server.port, strip_filters=True) as proxy:
+        source = (
+            f'kind = "nats"\nnats_url = "{proxy.url}"\ndataset = "{DATASET}"\n'
+            'symbols = ["ES", "NQ"]\ndurable = "d"'
+        )
+        config_path = tmp_path / "daemon.toml"
+        extra = "\n[feeds.health]\nstale_after_s = 1.0\n"
+        config = write_config(config_path, config_text(tmp_path / "data", source, extra=extra))
+        install_model(config, *model_checkpoint())
+        relayed = subprocess.run(
+            [*TRADEAGENT, "--config", str(config_path), "relay", "--source", "replay", "--path", str(feed)],
+            env=run_env(tmp_path),
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert relayed.returncode == 0, relayed.stderr.decode()
+        assert (
+            b"publishing dataset SYNTH (the source's own) while feeds.source.dataset is GLBX.MDP3"
+            in relayed.stderr
+        )
+        daemon = DaemonProcess(config_path, tmp_path / "daemon.log")
+        try:
+            daemon.start()
+            status = daemon.wait_until(lambda s: s["counts"].get("feed_mismatch", 0) >= 2)
+            assert status["feed"]["rejected_dataset_records"] > 0
+            assert status["feed"]["records"] == 0
+            assert status["counts"].get("orders", 0) == 0
+            assert daemon.terminate(timeout=config.daemon.stop_timeout_s + 5) == 0
+        finally:
+            daemon.close()
+    text = (tmp_path / "daemon.log").read_text()
+    assert "NATS subject md.mbp10.SYNTH." in text
+    assert "stream MBP10 holds messages of dataset SYNTH" in text and "set feeds.source.dataset" in text
