@@ -4,7 +4,7 @@
 
 * :func:`open_database` -> :class:`Database` (checks or migrates the schema);
 * repositories taking that ``Database``: :class:`Instruments`, :class:`Ledger`,
-  :class:`ModelRegistry`, :class:`LearnedFloors`, :class:`Journal`;
+  :class:`ModelRegistry`, :class:`LearnedFloors`, :class:`Journal`, :class:`Leases`;
 * :class:`CheckpointStore` for checkpoint bytes;
 * value types in :mod:`storage.records` and errors in :mod:`storage.errors`.
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from storage.floors import LearnedFloors
     from storage.instruments import Instruments
     from storage.journal import Journal
+    from storage.leases import Leases
     from storage.ledger import Ledger, apply_fill
     from storage.registry import ModelRegistry
     from storage.schema import open_database
@@ -34,6 +35,7 @@ __all__ = [
     "Instruments",
     "Journal",
     "LearnedFloors",
+    "Leases",
     "Ledger",
     "ModelRegistry",
     "StorageConfig",
@@ -47,6 +49,7 @@ _HOME = {
     "Instruments": "storage.instruments",
     "Journal": "storage.journal",
     "LearnedFloors": "storage.floors",
+    "Leases": "storage.leases",
     "Ledger": "storage.ledger",
     "ModelRegistry": "storage.registry",
     "StorageConfig": "storage.config",

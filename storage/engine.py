@@ -20,6 +20,10 @@ Retries: a write that fails for a transient reason (SQLite busy/locked, I/O erro
 connection lost or refused, serialization failure, deadlock) is rolled back and retried with
 exponential backoff and jitter until ``retry_deadline_s``; then the caller gets
 :class:`DatabaseUnavailable` (or the error its ``give_up`` builds, e.g. ``FillsNotPersisted``).
+A full disk (SQLite ``SQLITE_FULL`` "database or disk is full", also when ``max_page_count``
+is reached; PostgreSQL ``53100`` disk_full, "could not extend file") is rolled back and raised
+at once as :class:`DiskFull`, naming where space is needed: it lasts until an operator frees
+space, and the caller keeps its writes meanwhile.
 A result is returned only after COMMIT succeeded: nothing is acknowledged that is not durable.
 A commit whose outcome is unknown (connection lost during COMMIT) is retried too. The writes
 whose repetition would matter are idempotent (orders, fills, instruments, candidates,
@@ -46,6 +50,7 @@ from storage.config import StorageConfig
 from storage.errors import (
     CorruptDatabase,
     DatabaseUnavailable,
+    DiskFull,
     InvalidDatabaseURL,
     InvalidRecord,
     StorageError,
@@ -69,10 +74,19 @@ _MAX_BACKOFF_S = 1.0
 _PG_TRANSIENT_STATES = {"40001", "40P01", "57P01", "57P02", "57P03"}
 _SQLITE_CORRUPT = ("file is not a database", "malformed", "not a database")
 _SQLITE_TRANSIENT = ("locked", "busy", "disk i/o error", "unable to open database file", "readonly")
+_SQLITE_FULL = 13
+_PG_DISK_FULL = "53100"
 
 
 def _is_corrupt(orig: BaseException) -> bool:
     return isinstance(orig, sqlite3.DatabaseError) and any(m in str(orig).lower() for m in _SQLITE_CORRUPT)
+
+
+def _is_disk_full(orig: BaseException) -> bool:
+    """SQLite's SQLITE_FULL (primary result code 13) or PostgreSQL's disk_full SQLSTATE."""
+    if isinstance(orig, sqlite3.Error):
+        return orig.sqlite_errorcode & 0xFF == _SQLITE_FULL
+    return getattr(orig, "sqlstate", None) == _PG_DISK_FULL
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -180,6 +194,13 @@ class Database:
                 f"{where}: the database file is corrupt ({detail}); it was left untouched for "
                 "inspection: restore it from a backup or move it aside"
             )
+        if _is_disk_full(orig):
+            path = str(self.sqlite_path) if self.sqlite_path is not None else self.display_url
+            return DiskFull(
+                f"{where}: disk full at {path} ({detail}): free space there; nothing of this call was stored",
+                path=path,
+                attempts=attempts,
+            )
         if isinstance(exc, IntegrityError):
             return InvalidRecord(f"{where}: refused by a database constraint: {detail}")
         if _is_transient(exc):
@@ -211,7 +232,7 @@ class Database:
                 raise self.translate(exc, what=what) from None
             except (SQLAlchemyError, sqlite3.Error) as exc:
                 error = self.translate(exc, what=what, attempts=attempts)
-                if not isinstance(error, DatabaseUnavailable):
+                if not isinstance(error, DatabaseUnavailable) or isinstance(error, DiskFull):
                     raise error from None
                 pause = backoff * (0.5 + random.random())
                 if not retry or time.monotonic() + pause > deadline:

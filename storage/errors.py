@@ -7,6 +7,7 @@ StorageError
  +-- InvalidDatabaseURL     the URL cannot be parsed or names an unknown dialect/driver (stop)
  +-- DatabaseUnavailable    cannot connect / connection lost / locked past the retry deadline
  |    +-- FillsNotPersisted fills could not be written: halt new orders, retry them later
+ |    +-- DiskFull          the database's disk is full (``path`` says where): raised at once
  +-- CorruptDatabase        the file is not a database or is malformed (stop; file untouched)
  +-- SchemaBehindHead       the database needs ``tradeagent db upgrade``
  +-- SchemaAheadOfCode      the database was migrated by a newer version of this code
@@ -14,6 +15,7 @@ StorageError
  +-- NotFound               no row with that key
  +-- InvalidTransition      a registry state change that is not allowed (e.g. promote a rejected)
  +-- PromotionConflict      another promotion for the same instrument set won the race
+ +-- LeaseHeld              another live daemon session holds a lease (``holder`` says who)
  +-- CheckpointStoreError   the checkpoint file store failed
       +-- CheckpointCorrupt a stored file does not match its sha256
 
@@ -23,15 +25,22 @@ acknowledged, and the same call may be repeated later (ledger writes are idempot
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from storage.records import LeaseRecord
+
 __all__ = [
     "CheckpointCorrupt",
     "CheckpointStoreError",
     "CorruptDatabase",
     "DatabaseUnavailable",
+    "DiskFull",
     "FillsNotPersisted",
     "InvalidDatabaseURL",
     "InvalidRecord",
     "InvalidTransition",
+    "LeaseHeld",
     "NotFound",
     "PromotionConflict",
     "SchemaAheadOfCode",
@@ -71,6 +80,21 @@ class FillsNotPersisted(DatabaseUnavailable):
         self.fill_ids = fill_ids
 
 
+class DiskFull(DatabaseUnavailable):
+    """The database cannot grow: its disk (or SQLite's page limit) is full; nothing of the
+    operation was stored.
+
+    ``path`` is where space is needed: the SQLite file, or the server (its URL, password
+    hidden) for PostgreSQL, whose message names the file it could not extend. Raised at once,
+    without the transient retries (space is freed by an operator, not in milliseconds): the
+    caller keeps its writes and repeats them once the database accepts writes again.
+    """
+
+    def __init__(self, message: str, *, path: str, attempts: int = 1) -> None:
+        super().__init__(message, attempts=attempts)
+        self.path = path
+
+
 class CorruptDatabase(StorageError):
     """The database file is not a database or is malformed; it is left untouched."""
 
@@ -97,6 +121,17 @@ class InvalidTransition(StorageError):
 
 class PromotionConflict(StorageError):
     """Another promotion for the same instrument set committed first; nothing was changed."""
+
+
+class LeaseHeld(StorageError):
+    """A lease this session wants, or held, belongs to another live session.
+
+    ``holder`` is that lease (host, pid, session, heartbeat), or None where the row is gone.
+    """
+
+    def __init__(self, message: str, *, holder: LeaseRecord | None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class CheckpointStoreError(StorageError):

@@ -17,9 +17,9 @@ from storage._sql import json_document, nonempty
 from storage.engine import Database
 from storage.errors import NotFound
 from storage.models import DaemonSession, Event, utc_now
-from storage.records import EventRecord
+from storage.records import EventRecord, SessionRecord
 
-__all__ = ["Journal", "add_event"]
+__all__ = ["Journal", "add_event", "add_session", "close_session"]
 
 
 def add_event(
@@ -46,6 +46,45 @@ def add_event(
     return event
 
 
+def add_session(session: Session, *, mode: str, host: str, pid: int, version: str) -> int:
+    """Add a daemon session row inside the caller's transaction; return its id."""
+    row = DaemonSession(
+        mode=nonempty(mode, "session mode", 16),
+        host=host[:255],
+        pid=pid,
+        version=nonempty(version, "session version", 64),
+    )
+    session.add(row)
+    session.flush()
+    return row.id
+
+
+def close_session(session: Session, session_id: int, *, reason: str) -> bool:
+    """End a session inside the caller's transaction; True when it was still open (an ended
+    session keeps its first end time and reason)."""
+    row = session.get(DaemonSession, session_id, with_for_update=True, populate_existing=True)
+    if row is None:
+        raise NotFound(f"no daemon session {session_id}")
+    if row.ended_at is not None:
+        return False
+    row.ended_at = utc_now()
+    row.end_reason = reason
+    return True
+
+
+def _session_record(row: DaemonSession) -> SessionRecord:
+    return SessionRecord(
+        id=row.id,
+        mode=row.mode,
+        host=row.host,
+        pid=row.pid,
+        version=row.version,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        end_reason=row.end_reason,
+    )
+
+
 def _event_record(row: Event) -> EventRecord:
     return EventRecord(
         id=row.id,
@@ -66,33 +105,26 @@ class Journal:
         self._db = database
 
     def start_session(self, *, mode: str, host: str, pid: int, version: str) -> int:
-        """Record the start of a daemon session (``mode``: live, paper, backtest); return its id."""
-
-        def work(session: Session) -> int:
-            row = DaemonSession(
-                mode=nonempty(mode, "session mode", 16),
-                host=host[:255],
-                pid=pid,
-                version=nonempty(version, "session version", 64),
-            )
-            session.add(row)
-            session.flush()
-            return row.id
-
-        return self._db.write(work, what="start session")
+        """Record the start of a session (``mode``: live, paper, backtest); return its id. The
+        trading daemon starts its sessions through ``Leases.start_session`` instead."""
+        return self._db.write(
+            lambda s: add_session(s, mode=mode, host=host, pid=pid, version=version), what="start session"
+        )
 
     def end_session(self, session_id: int, *, reason: str) -> None:
         """Mark a session ended (idempotent: a second call keeps the first end time)."""
+        self._db.write(lambda s: close_session(s, session_id, reason=reason), what="end session")
 
-        def work(session: Session) -> None:
-            row = session.get(DaemonSession, session_id, with_for_update=True)
+    def session(self, session_id: int) -> SessionRecord:
+        """One session; raises ``NotFound``."""
+
+        def work(session: Session) -> SessionRecord:
+            row = session.get(DaemonSession, session_id)
             if row is None:
                 raise NotFound(f"no daemon session {session_id}")
-            if row.ended_at is None:
-                row.ended_at = utc_now()
-                row.end_reason = reason
+            return _session_record(row)
 
-        self._db.write(work, what="end session")
+        return self._db.read(work, what="read session")
 
     def record_event(
         self,

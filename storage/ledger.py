@@ -352,7 +352,8 @@ class Ledger:
 
         Returns which fill ids were new and which were already stored. Raises
         ``FillsNotPersisted`` when the database stayed unavailable past the retry deadline
-        (nothing of this call is acknowledged; re-submit later) and ``InvalidRecord`` for bad
+        (nothing of this call is acknowledged; re-submit later), ``DiskFull`` at once when the
+        database cannot grow (likewise: re-submit once space is freed) and ``InvalidRecord`` for bad
         input (unknown order, over-fill, NaN fee, a fill id reused with other content; nothing
         stored).
         """

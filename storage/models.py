@@ -43,6 +43,7 @@ __all__ = [
     "RUN_STATUSES",
     "Base",
     "Checkpoint",
+    "DaemonLease",
     "DaemonSession",
     "Event",
     "Fill",
@@ -237,6 +238,23 @@ class DaemonSession(Base):
     started_at: Mapped[datetime] = mapped_column(default=utc_now)
     ended_at: Mapped[datetime | None]
     end_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class DaemonLease(Base):
+    """Which daemon session trades an account's instrument: one holder per (account, instrument).
+
+    The holder renews ``heartbeat_at`` while it runs and deletes its rows when it stops
+    cleanly; rows left behind belong to a process that did not (``storage.leases``).
+    """
+
+    __tablename__ = "daemon_leases"
+    account: Mapped[str] = mapped_column(String(64), primary_key=True)
+    instrument_id: Mapped[int] = mapped_column(ForeignKey("instruments.instrument_id"), primary_key=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("daemon_sessions.id"))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    acquired_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime]
 
 
 class Order(Base):

@@ -27,6 +27,8 @@ __all__ = [
     "FloorValue",
     "GateEventRecord",
     "InstrumentInfo",
+    "LeaseRecord",
+    "LeasedSession",
     "LedgerState",
     "NewFill",
     "NewOrder",
@@ -34,6 +36,7 @@ __all__ = [
     "OrderStatus",
     "PositionState",
     "RunStatus",
+    "SessionRecord",
     "Side",
     "instrument_set_key",
 ]
@@ -224,3 +227,38 @@ class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
     instrument_id: int | None
     checkpoint_id: int | None
     details: dict[str, Any]
+
+
+class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One run of the daemon (or of a backtest); ``ended_at`` is None while it is open."""
+
+    id: int
+    mode: str
+    host: str
+    pid: int
+    version: str
+    started_at: datetime
+    ended_at: datetime | None
+    end_reason: str | None
+
+
+class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Who holds the lease of an account's instrument (``storage.leases``)."""
+
+    account: str
+    instrument_id: int
+    session_id: int
+    host: str
+    pid: int
+    acquired_at: datetime
+    heartbeat_at: datetime
+    """Last renewal, on the database's clock (PostgreSQL ``now()``; SQLite: the host's)."""
+
+
+class LeasedSession(msgspec.Struct, frozen=True, kw_only=True):
+    """A daemon session started with its leases (``Leases.start_session``)."""
+
+    session_id: int
+    taken_over: tuple[LeaseRecord, ...]
+    """One lease per previous holder whose leases this session took over (it had not stopped
+    cleanly: its process was gone or its heartbeat stale); their sessions are now closed."""

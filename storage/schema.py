@@ -3,8 +3,9 @@
 ``open_database`` is the entry point of every process that uses the store:
 
 * the embedded SQLite default (``StorageConfig.url`` empty) is created under the data
-  directory and upgraded to head automatically, under the database's write lock, so two
-  processes starting at once migrate it exactly once;
+  directory (owner-only: a new directory 0700, a new file 0600) and upgraded to head
+  automatically, under the database's write lock, so two processes starting at once migrate
+  it exactly once;
 * any other URL is only checked: a schema behind head stops the process with
   :class:`SchemaBehindHead`, which names ``tradeagent db upgrade``; a schema written by a
   newer version stops it with :class:`SchemaAheadOfCode`.
@@ -16,6 +17,7 @@ No ``alembic.ini`` is read: the Alembic configuration is built here with
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import msgspec
@@ -143,6 +145,21 @@ def _check(database: Database) -> None:
     )
 
 
+def _create_owner_only(path: Path) -> None:
+    """Create the embedded database's directory (0700) and its empty file (0600) where they do
+    not exist yet, so that a new ledger is its owner's alone (SQLite gives its WAL and shared
+    memory files the database file's mode). Existing ones are left as they are: under systemd
+    the unit's ``StateDirectoryMode`` and ``UMask`` decide."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise StorageError(f"cannot create the data directory for {path}: {exc}") from None
+    os.close(fd)
+
+
 def open_database(config: StorageConfig, data_dir: str | Path, *, check_schema: bool = True) -> Database:
     """Open the configured database for use, failing fast with a clear error.
 
@@ -154,10 +171,7 @@ def open_database(config: StorageConfig, data_dir: str | Path, *, check_schema: 
     url = resolve_url(config, data_dir)
     embedded = is_embedded(config)
     if embedded and url.database:
-        try:
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(f"cannot create the data directory for {url.database}: {exc}") from None
+        _create_owner_only(Path(url.database))
     database = Database(url, config)
     try:
         database.ping()

@@ -6,7 +6,9 @@ checked first, so "not running" and "permission denied" are told apart instead o
 
 from __future__ import annotations
 
+import getpass
 import os
+import socket
 from typing import Any
 
 import msgspec
@@ -41,7 +43,7 @@ class ControlClient:
             if self._curve is not None:
                 apply_client_keys(sock, self._curve)
             sock.connect(self.endpoint)
-            sock.send_multipart([b"", encode(ControlRequest(command=command, args=args))])
+            sock.send_multipart([b"", encode(ControlRequest(command=command, args=args, origin=_origin()))])
             if not sock.poll(int(self.timeout_s * 1000)):
                 raise ControlUnreachable(
                     f"no answer from the daemon at {self.endpoint} within {self.timeout_s:g} s "
@@ -72,3 +74,12 @@ class ControlClient:
             raise ControlUnreachable(f"{path}: no control socket (is the daemon running?)")
         if not os.access(path, os.R_OK | os.W_OK):
             raise ControlUnreachable(f"{path}: permission denied (the control socket is owner-only)")
+
+
+def _origin() -> str:
+    """``user@host pid N`` of this process (what the daemon logs with operator commands)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()} pid {os.getpid()}"

@@ -11,14 +11,16 @@ class ControlConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """How operators and tools reach a running daemon (DESIGN section 11).
 
     Empty endpoints mean the owner-only ipc sockets under ``<data_dir>/run/`` (a 0700
-    directory, sockets 0600). A ``tcp://`` control endpoint is refused unless CURVE is
-    configured: the server's secret key file and a directory of authorised client public keys.
+    directory, sockets 0600). One rule for both the control socket and telemetry: a ``tcp://``
+    endpoint is refused at load unless CURVE is configured (the server's secret key file and a
+    directory of authorised client public keys), and then only authorised clients connect.
     """
 
     endpoint: str = ""
     """Control socket (REP side in the daemon). Empty: ``ipc://<data_dir>/run/control.sock``."""
     telemetry_endpoint: str = ""
-    """PUB socket for decisions, orders and fills. Empty: ``ipc://<data_dir>/run/telemetry.sock``."""
+    """PUB socket for decisions, orders and fills. Empty: ``ipc://<data_dir>/run/telemetry.sock``;
+    ``tcp://`` only with CURVE (subscribers use the ``curve_client_*`` settings, as ctl does)."""
     curve_server_secret_file: str = ""
     """Z85 CURVE key file of the server (``zmq.auth`` certificate format); required for tcp."""
     curve_authorized_dir: str = ""
@@ -38,9 +40,13 @@ class ControlConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
             raise ValueError("control.metrics_port must be in 0..65535")
         if self.request_timeout_s <= 0:
             raise ValueError("control.request_timeout_s must be > 0")
-        tcp = self.endpoint.startswith("tcp://")
-        if tcp and not (self.curve_server_secret_file and self.curve_authorized_dir):
-            raise ValueError(
-                "control.endpoint is tcp:// but CURVE is not configured: set "
-                "curve_server_secret_file and curve_authorized_dir (or use the default ipc socket)"
-            )
+        curve = bool(self.curve_server_secret_file and self.curve_authorized_dir)
+        for key, endpoint in (("endpoint", self.endpoint), ("telemetry_endpoint", self.telemetry_endpoint)):
+            if endpoint and not endpoint.startswith(("ipc://", "tcp://")):
+                raise ValueError(f"{key}: {endpoint!r}: only ipc:// and tcp:// (with CURVE) endpoints")
+            if endpoint.startswith("tcp://") and not curve:
+                raise ValueError(
+                    f"{key}: {endpoint} is tcp:// but CURVE is not configured: set control."
+                    "curve_server_secret_file and control.curve_authorized_dir (or leave it empty "
+                    "for the owner-only ipc socket)"
+                )

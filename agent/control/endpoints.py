@@ -2,23 +2,30 @@
 
 Default endpoints are ipc sockets in ``<data_dir>/run``: the directory is created 0700 and each
 socket file is set to 0600 once bound, so only the daemon's user can connect (DESIGN section 11).
-tcp endpoints are only allowed with CURVE (keys in ``zmq.auth`` certificate files).
+tcp endpoints are only allowed with CURVE (keys in ``zmq.auth`` certificate files). The daemon's
+server sockets, the control ROUTER and the telemetry PUB, are bound by one implementation of
+these rules (:class:`ServerSockets`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import stat
 from pathlib import Path
 
 import msgspec
 import zmq
+import zmq.asyncio
 import zmq.auth
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from agent.control.config import ControlConfig
 from agent.control.errors import ControlError
 
 __all__ = [
     "CurveClientKeys",
+    "ServerSockets",
     "apply_client_keys",
     "control_endpoint",
     "ipc_path",
@@ -56,13 +63,38 @@ def ipc_path(endpoint: str) -> Path | None:
 
 
 def prepare_ipc(endpoint: str) -> None:
-    """Before binding: create the socket's directory owner-only (0700) and remove a stale file."""
+    """Before binding: create the socket's directory owner-only (0700) and remove a stale socket
+    file left by a process that died. A socket that a live process listens on is never removed
+    (:class:`ControlError` naming the path), nor a file that is not a socket."""
     path = ipc_path(endpoint)
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path.parent, 0o700)
+    if _listened_on(path):
+        raise ControlError(
+            f"{path}: a running process listens on this socket, so it was left alone "
+            "(another daemon on this endpoint? give each daemon its own data_dir or endpoints)"
+        )
     path.unlink(missing_ok=True)
+
+
+def _listened_on(path: Path) -> bool:
+    """True when a process accepts connections on the unix socket file ``path``."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(mode):
+        raise ControlError(f"{path}: exists and is not a socket; not removed (move it aside)")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False  # nobody listens: left by a process that died
+        except OSError as exc:
+            raise ControlError(f"{path}: not removed, cannot tell whether a process listens: {exc}") from None
+    return True
 
 
 def secure_ipc(endpoint: str) -> None:
@@ -70,6 +102,71 @@ def secure_ipc(endpoint: str) -> None:
     path = ipc_path(endpoint)
     if path is not None:
         os.chmod(path, 0o600)
+
+
+class ServerSockets:
+    """Binds the daemon's server sockets (control ROUTER, telemetry PUB) by one rule.
+
+    * ``ipc://``: owner-only directory, a stale socket file removed (never a live one:
+      :func:`prepare_ipc`), the socket file made 0600 once bound;
+    * ``tcp://``: a CURVE server with ``control.curve_server_secret_file``; one ZAP
+      authenticator per context (started by the first tcp endpoint, stopped by :meth:`close`)
+      admits only the client keys in ``control.curve_authorized_dir``. A client without an
+      authorised key never completes the handshake: it gets no answer and no telemetry.
+    """
+
+    def __init__(self, ctx: zmq.asyncio.Context, config: ControlConfig) -> None:
+        self.ctx = ctx
+        self._config = config
+        self._auth: AsyncioAuthenticator | None = None
+
+    def socket(self, kind: int) -> zmq.asyncio.Socket:
+        """A new socket of ``kind`` (no linger), to set options on before :meth:`bind`."""
+        sock = self.ctx.socket(kind)
+        sock.linger = 0
+        return sock
+
+    def bind(self, sock: zmq.asyncio.Socket, endpoint: str, what: str) -> None:
+        """Secure and bind ``sock`` on ``endpoint`` (``what`` names it in errors); on failure
+        the socket is closed and :class:`ControlError` says why."""
+        try:
+            if endpoint.startswith("tcp://"):
+                self._enable_curve(sock, what)
+            elif not endpoint.startswith("ipc://"):
+                raise ControlError(f"{what} endpoint {endpoint!r}: only ipc:// and tcp:// (with CURVE)")
+            prepare_ipc(endpoint)
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise ControlError(f"{what} endpoint {endpoint} cannot be bound: {exc}") from None
+        except BaseException:
+            sock.close()
+            raise
+        secure_ipc(endpoint)
+
+    def _enable_curve(self, sock: zmq.asyncio.Socket, what: str) -> None:
+        cfg = self._config
+        if not (cfg.curve_server_secret_file and cfg.curve_authorized_dir):
+            raise ControlError(f"a tcp:// {what} endpoint needs CURVE keys (control.curve_* settings)")
+        try:
+            public, secret = zmq.auth.load_certificate(cfg.curve_server_secret_file)
+        except (OSError, ValueError) as exc:
+            raise ControlError(f"control.curve_server_secret_file cannot be read: {exc}") from None
+        if secret is None:
+            raise ControlError(f"{cfg.curve_server_secret_file}: not a secret key certificate")
+        if self._auth is None:
+            self._auth = AsyncioAuthenticator(self.ctx)
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=cfg.curve_authorized_dir)
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.curve_server = True
+
+    def close(self) -> None:
+        """Stop the authenticator (after the sockets it served are closed)."""
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
 
 
 def load_client_keys(config: ControlConfig) -> CurveClientKeys | None:

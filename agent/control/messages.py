@@ -25,6 +25,9 @@ class ControlRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     command: Command
     args: dict[str, str] = {}
+    origin: str = ""
+    """Who asks, as the client declares it (``user@host pid N``); over tcp the server appends
+    the CURVE key the client authenticated with. The daemon logs it with operator commands."""
 
 
 class ControlReply(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

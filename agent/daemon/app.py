@@ -9,7 +9,8 @@ Tasks on one event loop::
       │  regime scale (learned floor) x Kelly -> target -> risk clamp -> delta vs position+working
       ├──orders──> paper broker; their rows ──> [ledger write queue]
       └──orders──> ledger (record_orders, SQL thread) ──> ZMQ gateway (an external venue)
-    venue ──reports──> [ledger write queue: unbounded, never dropped, in order] ──> writes task
+    venue ──reports──> [ledger write queue: in order, never dropped; spilled to disk past its
+                        bound (agent.daemon.backlog)] ──> writes task
                          ──> ledger (record_orders, record_fills, update_order; SQL thread)
                          └─> order state + portfolio (after the commit)
     status tick: watchdog, stale-feed poll, ack timeouts, P&L breaker, metrics
@@ -22,6 +23,10 @@ Guarantees:
 * **Orders in the ledger**: before they are sent to a gateway (they outlive this process);
   right behind them for the paper broker (they die with it), ahead of their reports in the one
   ordered write queue (see :meth:`Daemon._place`).
+* **Ledger writes wait, never dropped**, while the database refuses them (unavailable, or its
+  disk full: a ``database`` halt whose reason names the cause and the path): in memory up to
+  ``daemon.write_queue``, then in the spill file in ``daemon.spill_dir``; they are persisted in
+  order when the database accepts writes again, and the halt clears once all are.
 * **Stale decisions are dropped and counted**: when the decision task falls behind, the queue
   keeps the newest ``daemon.decision_queue`` bar closes; a bar whose record arrived more than
   ``daemon.stale_decision_ms`` ago is still pushed through the model (windows stay complete)
@@ -29,10 +34,18 @@ Guarantees:
 * **No order** while any halt is active (risk, operator, inference, database, venue, model),
   nor on an unhealthy instrument (the engine marks its row not valid).
 * **SIGTERM**: stop intake, cancel resting orders, wait for their reports, persist, exit 0
-  within ``daemon.stop_timeout_s``.
+  within ``daemon.stop_timeout_s``. Writes the database did not take by then are kept in the
+  spill file (fsynced) and the exit code is 1, with a message naming the file; the next start
+  persists them before it reads the ledger back and trades (see :meth:`Daemon._replay_kept`).
 * **Restart**: positions and open orders are rebuilt from the ledger; in paper mode the orders
   of the previous process can no longer fill (its simulated exchange is gone) and are closed
   as cancelled; in gateway mode they stay open and the gateway's replay reconciles them.
+* **One daemon per data directory and ledger** (:mod:`agent.daemon.lock`): the data
+  directory's file lock is taken before the database or any socket is touched, and the
+  session starts with the database leases of its instruments (renewed by a task; a lease
+  another daemon took over stops this one with exit code 1). A second daemon is refused with
+  exit code 2 naming the holder's pid and host; the session of a daemon that did not stop
+  cleanly (SIGKILL, crash) is closed by the next start that takes its leases over.
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -54,10 +67,12 @@ import zmq.asyncio
 from threadpoolctl import threadpool_limits
 
 from agent.config import Config
-from agent.control.endpoints import control_endpoint, telemetry_endpoint
+from agent.control.endpoints import ServerSockets, control_endpoint, telemetry_endpoint
 from agent.control.errors import ControlRefused
 from agent.control.messages import ControlRequest
 from agent.control.server import ControlServer
+from agent.daemon.backlog import Backlog, Entry, OrderRows, SpillError, spill_path
+from agent.daemon.lock import DaemonLock, holder_gone, lease_refused
 from agent.daemon.metrics import DaemonMetrics
 from agent.daemon.models import ModelHost, ModelRefused
 from agent.daemon.notify import Notifier
@@ -80,9 +95,8 @@ from feeds.dbn.framing import concat_mbp10
 from feeds.features import BarFrame, IncrementalFeatures
 from feeds.records import PRICE_SCALE
 from feeds.sources import HealthEvent, HealthKind, RecordBatch, Source, SourceEvent, build_source
-from storage.errors import DatabaseUnavailable, StorageError
+from storage.errors import DatabaseUnavailable, InvalidRecord, LeaseHeld, StorageError
 from storage.records import InstrumentInfo, OrderStatus, instrument_set_key
-from storage.records import NewOrder as LedgerOrder
 from storage.schema import open_database
 
 __all__ = ["Daemon", "run_daemon"]
@@ -96,12 +110,12 @@ _INTAKE_BATCHES = 64
 
 
 @dataclass(slots=True)
-class _OrderRows:
-    """Ledger rows of orders already sent to the paper broker, waiting for their commit."""
+class _Written:
+    """Entries just persisted and taken off the write queue, to be applied."""
 
-    rows: list[LedgerOrder]
-    queued_ns: int
-    """``perf_counter_ns`` when queued (the ``bench daemon`` ledger figures)."""
+    entries: Sequence[Entry]
+    inserted: frozenset[str] = frozenset()
+    """Fill ids the ledger stored for the first time (the others were there already)."""
 
 
 @dataclass(slots=True)
@@ -152,7 +166,9 @@ class Daemon:
         self._closes: collections.deque[_Close] = collections.deque()
         self._closes_ready = asyncio.Event()
         self._idle = asyncio.Event()
-        self._writes: collections.deque[Report | _OrderRows] = collections.deque()
+        self._writes = Backlog(
+            spill_path(config.daemon, config.data_dir), config.daemon.write_queue, account=self.account
+        )
         """Ledger writes in order: reports, and the rows of orders sent to the paper broker."""
         self._writes_ready = asyncio.Event()
         self._drained = asyncio.Event()
@@ -165,7 +181,10 @@ class Daemon:
         """Latest ``ts_recv`` seen (the feed's clock, UNIX ns)."""
         self._feed_wall_ns = 0
         """Wall clock when the feed clock last moved."""
+        self._lock: DaemonLock | None = None
+        self._lease_lost = False
         self._ctx: zmq.asyncio.Context | None = None
+        self._servers: ServerSockets | None = None
         self._sql: SqlWorker | None = None
         self._models: ModelHost | None = None
         self._venue: Venue | None = None
@@ -199,6 +218,7 @@ class Daemon:
             await self._start()
         except BaseException:
             await self._teardown("failed at start")
+            self._writes.close()
             raise
         self.notifier.ready(self._status_line())
         log.info("daemon running: %s", self._status_line())
@@ -207,11 +227,15 @@ class Daemon:
             await asyncio.wait_for(self._shutdown(), self.config.daemon.stop_timeout_s)
         except TimeoutError:
             log.error("orderly stop exceeded daemon.stop_timeout_s; exiting with what is persisted")
+        self._keep_pending(final=False)  # on disk before the teardown's waits: a kill loses nothing
         await self._teardown("stopped")
-        return 0
+        kept = self._keep_pending(final=True)
+        self._writes.close()
+        return 1 if self._lease_lost or kept else 0
 
     async def _start(self) -> None:
         cfg = self.config
+        self._lock = DaemonLock.acquire(cfg.data_dir)  # before the database and any socket
         database = await asyncio.to_thread(open_database, cfg.storage, cfg.data_dir)
         self._sql = sql = SqlWorker(database, cfg.data_dir)
         infos = [
@@ -221,14 +245,9 @@ class Daemon:
             for s in self.specs
         ]
         await sql.call(sql.instruments.upsert, infos)
-        self.session_id = await sql.call(
-            sql.journal.start_session,
-            mode=cfg.daemon.mode,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            version=_VERSION,
-        )
+        self.session_id = await self._start_session(sql)
         self.orders = OrderManager(f"s{self.session_id}")
+        await self._replay_kept()
         await self._recover()
         floors = await sql.call(sql.floors.all, VOL_REF_FLOOR)
         floor = [
@@ -256,15 +275,15 @@ class Daemon:
         )
         await self._load_initial_model()
         self._ctx = zmq.asyncio.Context()
+        self._servers = ServerSockets(self._ctx, cfg.control)
         if cfg.broker.mode == "gateway":
             self._venue = GatewayVenue(self._ctx, cfg.broker, self._on_report)
         else:
             self._venue = PaperVenue(cfg.broker, list(self.symbols), self._on_report)
         await self._venue.start()
-        self._telemetry = Telemetry(self._ctx, telemetry_endpoint(cfg.control, cfg.data_dir))
-        self._control = ControlServer(
-            self._ctx, control_endpoint(cfg.control, cfg.data_dir), cfg.control, self._handle
-        )
+        self._telemetry = Telemetry(self._servers, telemetry_endpoint(cfg.control, cfg.data_dir))
+        control = control_endpoint(cfg.control, cfg.data_dir)
+        self._control = ControlServer(self._servers, control, self._handle)
         self._control.start()
         if cfg.control.metrics_port:
             self.metrics.serve(cfg.control.metrics_host, cfg.control.metrics_port)
@@ -280,9 +299,80 @@ class Daemon:
             loop.create_task(self._decisions(), name="decisions"),
             loop.create_task(self._process_writes(), name="writes"),
             loop.create_task(self._tick(), name="status"),
+            loop.create_task(self._keep_lease(), name="lease"),
         ]
         self._trading.risk.start(self._equity(), time.time_ns())
         self.state = "running"
+
+    async def _start_session(self, sql: SqlWorker) -> int:
+        """Start this daemon's session with the leases of its instruments for its account
+        (:mod:`storage.leases`): :class:`DaemonLocked` while another live daemon holds any;
+        the sessions of daemons that did not stop cleanly are closed as their leases are taken."""
+        try:
+            leased = await sql.call(
+                sql.leases.start_session,
+                account=self.account,
+                instrument_ids=list(self.symbols),
+                mode=self.config.daemon.mode,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                version=_VERSION,
+                stale_after_s=self.config.daemon.lease_timeout_s,
+                gone=holder_gone,
+            )
+        except LeaseHeld as exc:
+            raise lease_refused(exc, self.config.daemon.lease_timeout_s) from None
+        for lease in leased.taken_over:
+            log.warning(
+                "daemon session %d (pid %d on host %s) did not stop cleanly: closed, its leases taken over",
+                lease.session_id,
+                lease.pid,
+                lease.host,
+            )
+        return leased.session_id
+
+    async def _keep_lease(self) -> None:
+        """Renew the leases every third of ``daemon.lease_timeout_s``; a failed renewal is tried
+        again at the next period. Leases another daemon took over (this one went stale: the
+        database unreachable, or the loop stalled, for longer than the timeout) stop this
+        daemon with exit code 1: the other one trades the ledger now."""
+        sql = self._sql
+        assert sql is not None
+        period = self.config.daemon.lease_timeout_s / 3
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await sql.call(
+                    sql.leases.renew, self.session_id, account=self.account, instrument_ids=list(self.symbols)
+                )
+            except LeaseHeld as exc:
+                log.error("%s: another daemon trades this ledger now; stopping", exc)
+                self._lease_lost = True
+                self.request_stop()
+                return
+            except StorageError as exc:
+                log.warning("daemon lease not renewed (%s); next attempt in %.1f s", exc, period)
+
+    async def _replay_kept(self) -> None:
+        """Before the ledger is read back: the writes a previous process kept in the spill file
+        (:meth:`Backlog.adopt`) are persisted in order, as the writes task persists them
+        (repeating one already stored changes nothing), and the file is removed once all are. A
+        database that still refuses them stops the start; the file stays for the next one."""
+        sql = self._sql
+        assert sql is not None
+        kept = self._writes.adopt(sql.database.display_url)
+        if not kept:
+            return
+        log.warning("persisting the %d ledger writes a previous process kept in %s", kept, self._writes.path)
+        try:
+            while self._writes:
+                await self._write_head()
+        except StorageError as exc:
+            raise AgentError(
+                f"{self._writes.path}: {len(self._writes)} of the {kept} ledger writes kept there could "
+                f"not be persisted ({exc}); the file stays: start again once the database accepts writes"
+            ) from None
+        log.info("the %d kept ledger writes are persisted", kept)
 
     async def _recover(self) -> None:
         """Rebuild positions and open orders from the ledger; restore a persisted halt."""
@@ -354,7 +444,8 @@ class Daemon:
         self.metrics.set_model(sha)
 
     async def _shutdown(self) -> None:
-        """SIGTERM path: stop intake, cancel resting orders, persist."""
+        """SIGTERM path: stop intake, cancel resting orders, persist (what the database has not
+        taken by the deadline is kept in the spill file: :meth:`_keep_pending`)."""
         self.state = "stopping"
         self.notifier.stopping()
         log.info("stopping: intake off, cancelling resting orders")
@@ -374,8 +465,25 @@ class Daemon:
             await asyncio.sleep(0.05)
         while self._writes and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if self._writes:
-            log.error("%d ledger writes could not be persisted before the stop deadline", len(self._writes))
+
+    def _keep_pending(self, *, final: bool) -> bool:
+        """Stop path: the ledger writes still pending go to the spill file, fsynced (no file when
+        none is), for the next start to persist; True when some are pending (exit code 1). The
+        ``final`` call, after the teardown, says so in an error naming the file."""
+        pending = len(self._writes)
+        try:
+            self._writes.keep()
+        except SpillError as exc:
+            log.critical("%d ledger writes were neither persisted nor kept: %s", pending, exc)
+            return True
+        if final and pending:
+            log.error(
+                "%d ledger writes could not be persisted before the stop deadline: kept in %s; "
+                "the next start persists them before trading",
+                pending,
+                self._writes.path,
+            )
+        return pending > 0
 
     async def _teardown(self, reason: str) -> None:
         for task in self._tasks:
@@ -397,16 +505,20 @@ class Daemon:
             await self._venue.close()
         if self._telemetry is not None:
             self._telemetry.close()
+        if self._servers is not None:
+            self._servers.close()
         self.metrics.close()
         if self._models is not None:
             self._models.close()
         if self._sql is not None:
             if self.session_id:
                 with contextlib.suppress(StorageError):
-                    await self._sql.call(self._sql.journal.end_session, self.session_id, reason=reason)
+                    await self._sql.call(self._sql.leases.end_session, self.session_id, reason=reason)
             self._sql.close()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
+        if self._lock is not None:
+            self._lock.release()
         self.state = "stopped"
 
     # -- feed ----------------------------------------------------------------------------------
@@ -688,7 +800,7 @@ class Daemon:
             self._spawn_send(orders, arrivals)
             return
         rows = ledger_orders(orders, account=self.account, session_id=self.session_id)
-        self._writes.append(_OrderRows(rows, time.perf_counter_ns()))
+        self._writes.append(OrderRows(rows=tuple(rows), queued_ns=time.perf_counter_ns()))
         self._writes_ready.set()
         self._submit(orders, arrivals)
 
@@ -742,81 +854,115 @@ class Daemon:
 
     def _on_report(self, report: Report) -> None:
         """Venue sink: queue every report (never dropped); the writes task persists them."""
+        if isinstance(report, Fill):
+            self.counts["fills_received"] += 1
         self._writes.append(report)
         self._writes_ready.set()
 
     async def _process_writes(self) -> None:
+        """The writes task: persist the head of the write queue, then apply it, in order.
+
+        While the database refuses writes (any storage error but a refused record: unavailable,
+        locked, its disk full) new orders halt (``database``, the reason names the cause), the
+        entries wait (spilled to disk past ``daemon.write_queue``) and the head is retried every
+        ``daemon.db_retry_s``; the halt clears once the whole backlog is persisted."""
         while True:
             await self._writes_ready.wait()
             self._writes_ready.clear()
+            wrote = False
             while self._writes:
                 try:
-                    await self._persist_next()
-                except DatabaseUnavailable as exc:
-                    self._set_halt("database", str(exc))
+                    self._apply(await self._write_head())
+                except (StorageError, SpillError) as exc:
+                    self._set_halt("database", self._backlog_reason(exc))
                     await asyncio.sleep(self.config.daemon.db_retry_s)
                     continue
-                if self.halts.clear("database"):
-                    log.info("database back: orders resume")
-                    self._event("resume", "database available again", details={"kind": "database"})
+                wrote = True
+            if wrote and self.halts.clear("database"):
+                log.info("database back, the ledger backlog is persisted: orders resume")
+                self._event("resume", "database available again", details={"kind": "database"})
             self._drained.set()
 
-    async def _persist_next(self) -> None:
-        """Persist the entries at the head of the queue, then apply them (consecutive order
-        rows in one transaction, consecutive fills in one)."""
+    def _backlog_reason(self, exc: Exception) -> str:
+        backlog = self._writes
+        where = f", spilled to {backlog.path}" if backlog.spilling else ""
+        return f"{exc}; {len(backlog)} ledger writes wait{where}"
+
+    async def _write_head(self) -> _Written:
+        """Persist the entries at the head of the write queue and take them off it (consecutive
+        order rows in one transaction, consecutive fills in one). A record the ledger refuses
+        (``InvalidRecord``: bad input, which no retry can mend) is logged, counted and taken
+        off; any other storage error reaches the caller with the entries still queued."""
         sql = self._sql
         assert sql is not None
-        head = self._writes[0]
-        if isinstance(head, _OrderRows):
-            entries = _leading(self._writes, _OrderRows)
+        head = self._writes.head()
+        if isinstance(head, OrderRows):
+            entries = _leading(self._writes, OrderRows)
             rows = [row for e in entries for row in e.rows]
             try:
                 await sql.call(sql.ledger.record_orders, rows)
-            except DatabaseUnavailable:
-                raise
-            except StorageError as exc:
+            except InvalidRecord as exc:
                 log.error("%d orders not recorded: %s", len(rows), exc)
                 self.counts["unrecorded_orders"] += len(rows)
-            done = time.perf_counter_ns()
-            for e in entries:
-                self._writes.popleft()
-                self.ledger_ns.append(done - e.queued_ns)
-            return
+            return self._taken(entries)
         if isinstance(head, Fill):
-            fills = _leading(self._writes, Fill)
-            result = await sql.call(sql.ledger.record_fills, ledger_fills(fills))
-            for _ in fills:
-                self._writes.popleft()
-            inserted = set(result.inserted)
-            for fill in fills:
-                if fill.fill_id in inserted:
-                    self._count_fill(fill)
-                else:
-                    self.counts["duplicate_fills"] += 1
-            return
+            return await self._write_fills(_leading(self._writes, Fill))
         if isinstance(head, Ack) and any(
             isinstance(r, Fill) and r.client_order_id == head.client_order_id for r in self._writes
         ):
             # The fill right behind it records the order's state; the ack needs no transaction.
-            self._writes.popleft()
-            self.orders.apply(head)
-            return
+            return self._taken([head])
         status: OrderStatus = _STATUS[type(head)]
         reason = getattr(head, "reason", None)
         try:
             await sql.call(
                 sql.ledger.update_order, head.client_order_id, status, ts_ns=head.ts_ns, reason=reason
             )
-        except DatabaseUnavailable:
-            raise
-        except StorageError as exc:
+        except InvalidRecord as exc:
             log.error("report %s for %s not recorded: %s", type(head).__name__, head.client_order_id, exc)
             self.counts["unrecorded_reports"] += 1
-        self._writes.popleft()
-        if isinstance(head, Reject):
-            self.counts["rejects"] += 1
-            log.warning("order %s rejected: %s", head.client_order_id, head.reason)
-        self.orders.apply(head)
+        return self._taken([head])
+
+    async def _write_fills(self, fills: list[Fill]) -> _Written:
+        """Record consecutive fills in one transaction. A batch the ledger refuses is tried again
+        with its first fill alone (the next call takes the rest): only a refused fill itself is
+        dropped (logged, counted), each other one is committed and then counted."""
+        sql = self._sql
+        assert sql is not None
+        try:
+            result = await sql.call(sql.ledger.record_fills, ledger_fills(fills))
+        except InvalidRecord as exc:
+            if len(fills) > 1:
+                return await self._write_fills(fills[:1])
+            log.error("fill %s of order %s not recorded: %s", fills[0].fill_id, fills[0].client_order_id, exc)
+            self.counts["unrecorded_fills"] += 1
+            self._taken(fills)
+            return _Written([])
+        return self._taken(fills, frozenset(result.inserted))
+
+    def _taken(self, entries: Sequence[Entry], inserted: frozenset[str] = frozenset()) -> _Written:
+        """Take ``entries`` (persisted) off the head of the write queue."""
+        for _ in entries:
+            self._writes.popleft()
+        return _Written(entries, inserted)
+
+    def _apply(self, written: _Written) -> None:
+        """Persisted entries count now: a fill newly stored reaches the order and the position
+        (a fill id seen before counts once), a report the order's state."""
+        done = time.perf_counter_ns()
+        for entry in written.entries:
+            if isinstance(entry, OrderRows):
+                self.ledger_ns.append(done - entry.queued_ns)
+            elif isinstance(entry, Fill):
+                if entry.fill_id in written.inserted:
+                    self._count_fill(entry)
+                else:
+                    self.counts["duplicate_fills"] += 1
+            else:
+                if isinstance(entry, Reject):
+                    self.counts["rejects"] += 1
+                    log.warning("order %s rejected: %s", entry.client_order_id, entry.reason)
+                self.orders.apply(entry)
 
     def _count_fill(self, fill: Fill) -> None:
         """A fill the ledger has just committed: now the order and the position count it."""
@@ -889,11 +1035,16 @@ class Daemon:
         return self._feed_clock_ns + max(0, time.time_ns() - self._feed_wall_ns)
 
     def _check_venue(self, now_ns: int) -> None:
+        """A ``venue`` halt while the gateway's heartbeat is lost or an order has no answer past
+        ``broker.ack_timeout_s``. An order whose report waits in the ledger write queue (the
+        database slow or refusing writes) was answered: the venue is not at fault."""
         venue = self._venue
         if venue is None:
             return
         timeout_ns = int(self.config.broker.ack_timeout_s * 1e9)
-        late = self.orders.unacked_since(now_ns - timeout_ns)
+        answered = self._writes.reported
+        unacked = self.orders.unacked_since(now_ns - timeout_ns)
+        late = [o for o in unacked if o.order.client_order_id not in answered]
         if not venue.healthy or late:
             why = "gateway heartbeat lost" if not venue.healthy else f"{len(late)} orders without ack"
             self._set_halt("venue", why)
@@ -983,22 +1134,32 @@ class Daemon:
         command = request.command
         if command == "status":
             return self.status()
+        who = request.origin or "a client that did not name itself"
         if command == "halt":
             reason = request.args.get("reason", "operator")
+            log.warning("operator halt from %s: %s (no new orders until tradeagent ctl resume)", who, reason)
             self.halts.set("operator", reason)
-            self._event("halt", reason, details={"kind": "operator"})
+            self._event("halt", reason, details={"kind": "operator", "by": who})
             return {"halted": True, "halts": dict(self.halts.active)}
         if command == "resume":
             cleared = self.halts.resume()
-            self._event("resume", "operator resume", details={"cleared": cleared})
+            log.warning(
+                "operator resume from %s: cleared %s; now %s",
+                who,
+                ", ".join(cleared) or "no latched halt",
+                self.halts.describe(),
+            )
+            self._event("resume", "operator resume", details={"cleared": cleared, "by": who})
             return {"cleared": cleared, "halts": dict(self.halts.active)}
         if command == "flatten":
+            log.warning("operator flatten from %s: new orders halted, every position closed", who)
             self.halts.set("operator", "flatten")
-            self._event("halt", "flatten", details={"kind": "operator"})
+            self._event("halt", "flatten", details={"kind": "operator", "by": who})
             self._flattening = True
             self._flatten_step()
             return {"flattening": True, "positions": self._named_positions()}
         if command in ("reload", "promote", "rollback"):
+            log.info("operator %s from %s %s", command, who, request.args or "")
             return await self._model_command(request)
         raise ControlRefused(f"unknown command {command}")
 
@@ -1062,7 +1223,7 @@ class Daemon:
 
     async def _reload_after_retrain(self) -> None:
         try:
-            await self._handle(ControlRequest(command="reload"))
+            await self._handle(ControlRequest(command="reload", origin="the nightly retrain"))
         except ControlRefused as exc:
             log.info("after the retrain: %s", exc)
 
@@ -1097,10 +1258,11 @@ class Daemon:
             "rejected_records": self.features.rejected,
             "retrain_running": bool(self._scheduler and self._scheduler.busy),
             "recovered": self.recovered,
+            "ledger_backlog": self._writes.describe(),
         }
 
 
-_E = TypeVar("_E", Fill, _OrderRows)
+_E = TypeVar("_E", Fill, OrderRows)
 
 
 def closing_arrivals(
@@ -1124,9 +1286,9 @@ def closing_arrivals(
     return out
 
 
-def _leading(queue: collections.deque[Report | _OrderRows], kind: type[_E]) -> list[_E]:
-    """The entries of type ``kind`` at the head of ``queue``, up to the first of another type
-    (persisted together, in one transaction)."""
+def _leading(queue: Backlog, kind: type[_E]) -> list[_E]:
+    """The entries of type ``kind`` at the head of ``queue`` (in memory), up to the first of
+    another type (persisted together, in one transaction)."""
     run: list[_E] = []
     for entry in queue:
         if not isinstance(entry, kind):

@@ -20,10 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.cron import CronTrigger
 
 from agent.daemon.config import ScheduleConfig
-from agent.errors import AgentError
 
 __all__ = ["RetrainResult", "RetrainScheduler", "default_command"]
 
@@ -75,10 +73,7 @@ class RetrainScheduler:
         if not self.config.enabled:
             log.info("nightly retrain disabled (schedule.enabled = false)")
             return
-        try:
-            trigger = CronTrigger.from_crontab(self.config.cron, timezone=self.config.timezone)
-        except (ValueError, LookupError) as exc:
-            raise AgentError(f"schedule.cron {self.config.cron!r}: {exc}") from None
+        trigger = self.config.trigger()  # checked when the configuration loaded
         self._scheduler = AsyncIOScheduler(timezone=self.config.timezone)
         self._scheduler.add_job(self.trigger, trigger, id="retrain", max_instances=1, coalesce=True)
         self._scheduler.start()

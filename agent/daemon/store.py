@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from storage import CheckpointStore, Instruments, Journal, LearnedFloors, Ledger, ModelRegistry
+from storage import CheckpointStore, Instruments, Journal, LearnedFloors, Leases, Ledger, ModelRegistry
 from storage.engine import Database
 
 __all__ = ["SqlWorker"]
@@ -44,6 +44,7 @@ class SqlWorker:
         self.database = database
         self.ledger = Ledger(database)
         self.journal = Journal(database)
+        self.leases = Leases(database)
         self.registry = ModelRegistry(database)
         self.floors = LearnedFloors(database)
         self.instruments = Instruments(database)

@@ -4,6 +4,11 @@ Each message is two frames: the topic (``decision``, ``order``, ``fill``, ``even
 JSON object. Publishing never blocks the daemon: at the high-water mark the message is dropped
 and counted (PUB semantics; a slow subscriber cannot stall trading). Subscribers that join late
 miss earlier messages; the ledger, not telemetry, is the record of truth.
+
+The socket is bound by the control socket's rules (:class:`agent.control.endpoints.ServerSockets`):
+by default an owner-only ipc socket under ``<data_dir>/run``; ``tcp://`` only with CURVE, so
+orders and fills reach authorised subscribers only (a tcp endpoint without keys is refused when
+the configuration is loaded).
 """
 
 from __future__ import annotations
@@ -13,10 +18,8 @@ from typing import Any
 
 import msgspec
 import zmq
-import zmq.asyncio
 
-from agent.control.endpoints import prepare_ipc, secure_ipc
-from agent.errors import AgentError
+from agent.control.endpoints import ServerSockets
 
 __all__ = ["TOPICS", "Telemetry"]
 
@@ -28,20 +31,13 @@ TOPICS = ("decision", "order", "fill", "event")
 class Telemetry:
     """Non-blocking publisher; :attr:`dropped` counts messages lost at the high-water mark."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, hwm: int = 10_000) -> None:
+    def __init__(self, servers: ServerSockets, endpoint: str, hwm: int = 10_000) -> None:
         self.endpoint = endpoint
         self.dropped = 0
         self._encoder = msgspec.json.Encoder()
-        sock = ctx.socket(zmq.PUB)
-        sock.linger = 0
+        sock = servers.socket(zmq.PUB)
         sock.sndhwm = hwm
-        prepare_ipc(endpoint)
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as exc:
-            sock.close()
-            raise AgentError(f"telemetry endpoint {endpoint} cannot be bound: {exc}") from None
-        secure_ipc(endpoint)
+        servers.bind(sock, endpoint, "telemetry")
         # A plain (non-asyncio) shadow: send with NOBLOCK never awaits.
         self._sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
         self._owner = sock

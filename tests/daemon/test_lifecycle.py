@@ -14,17 +14,11 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from storage import Ledger, open_database
-from storage.config import StorageConfig
-from storage.errors import DatabaseUnavailable
-from storage.schema import upgrade
-from storage.scratch import scratch_database
-from tests.conftest import PG_URL, skip_or_fail
 from tests.daemon.support import (
     DaemonProcess,
     config_text,
@@ -37,19 +31,6 @@ from tests.daemon.test_session import _ledger_state, _relay, _relay_done, _settl
 from tests.support.nats_server import NatsServer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database (skipped locally without a server, fails in CI)."""
-    try:
-        with scratch_database(PG_URL, prefix="tradeagent_daemon") as url:
-            text = url.render_as_string(hide_password=False)
-            with open_database(StorageConfig(url=text), ".", check_schema=False) as database:
-                upgrade(database)
-            yield text
-    except DatabaseUnavailable as exc:
-        skip_or_fail(f"PostgreSQL at TRADEAGENT_TEST_PG_URL is not usable: {exc}")
 
 
 class _NotifySocket:

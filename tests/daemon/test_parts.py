@@ -17,12 +17,13 @@ import zmq
 import zmq.asyncio
 
 from agent.config import ConfigError, load_config
+from agent.control.config import ControlConfig
+from agent.control.endpoints import ServerSockets
 from agent.daemon.app import closing_arrivals
 from agent.daemon.config import ScheduleConfig
 from agent.daemon.metrics import DaemonMetrics
 from agent.daemon.scheduler import RetrainResult, RetrainScheduler, default_command
 from agent.daemon.telemetry import Telemetry
-from agent.errors import AgentError
 from agent.trading.config import RiskConfig
 from agent.trading.risk import Halts, RiskLimits
 from feeds.features import BarFrame
@@ -101,9 +102,8 @@ async def test_cron_schedule_starts_and_stops_inside_the_loop(tmp_path: Path) ->
     scheduler, _ = await _scheduler(tmp_path, "pass")
     scheduler.start()
     await scheduler.stop()
-    bad = RetrainScheduler(ScheduleConfig(cron="61 * * * *"), ["true"], lambda r: None)
-    with pytest.raises(AgentError, match=r"schedule\.cron"):
-        bad.start()
+    with pytest.raises(ValueError, match=r"^cron: '61 \* \* \* \*'"):  # refused when built
+        ScheduleConfig(cron="61 * * * *")
 
 
 def test_default_retrain_command() -> None:
@@ -131,7 +131,7 @@ def test_metrics_are_served_on_localhost() -> None:
 async def test_telemetry_publishes_json_by_topic(tmp_path: Path) -> None:
     ctx = zmq.asyncio.Context()
     endpoint = f"ipc://{tmp_path / 'run' / 'telemetry.sock'}"
-    telemetry = Telemetry(ctx, endpoint)
+    telemetry = Telemetry(ServerSockets(ctx, ControlConfig()), endpoint)
     sub = ctx.socket(zmq.SUB)
     sub.subscribe(b"fill")
     sub.connect(endpoint)

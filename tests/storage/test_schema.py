@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from alembic.runtime.migration import MigrationContext
 
 import storage
 from agent.cli import main
-from storage import StorageConfig, open_database
+from storage import Instruments, StorageConfig, open_database
 from storage.errors import (
     CorruptDatabase,
     DatabaseUnavailable,
@@ -26,7 +27,7 @@ from storage.errors import (
     SchemaBehindHead,
 )
 from storage.models import Base
-from storage.records import instrument_set_key
+from storage.records import InstrumentInfo, instrument_set_key
 from storage.schema import _alembic_config, current_revision, head_revision, history, upgrade
 from storage.scratch import scratch_database
 from tests.conftest import skip_or_fail
@@ -99,6 +100,25 @@ def test_embedded_sqlite_is_created_and_migrated_on_first_use(tmp_path: Path) ->
         assert (mode, sync) == ("wal", 2)  # 2 = FULL
     with open_database(StorageConfig(), data_dir) as db:  # second start: nothing to do
         assert current_revision(db) == head_revision()
+
+
+def test_a_new_embedded_ledger_is_owner_only_whatever_the_umask(tmp_path: Path) -> None:
+    existing = tmp_path / "existing"
+    existing.mkdir(mode=0o755)
+    os.chmod(existing, 0o755)
+    previous = os.umask(0o022)
+    try:
+        for data_dir in (tmp_path / "new" / "data", existing):
+            with open_database(StorageConfig(), data_dir) as db:
+                Instruments(db).upsert(
+                    [InstrumentInfo(instrument_id=1, symbol="ES", tick_size=0.25, tick_value=12.5)]
+                )
+                modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in data_dir.iterdir()}
+            assert modes == {"tradeagent.db": 0o600, "tradeagent.db-wal": 0o600, "tradeagent.db-shm": 0o600}
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "new" / "data").stat().st_mode) == 0o700
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o755  # an existing directory is left as it is
 
 
 def test_an_explicit_url_behind_head_refuses_to_start(tmp_path: Path) -> None:
@@ -190,6 +210,7 @@ def test_public_surface_is_pinned() -> None:
         "Instruments",
         "Journal",
         "LearnedFloors",
+        "Leases",
         "Ledger",
         "ModelRegistry",
         "StorageConfig",

@@ -74,3 +74,14 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.toml", env={})
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[feeds\n"), env={})
+
+
+def test_spill_dir_must_be_an_absolute_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"key 'daemon\.spill_dir': 'spill' is not an absolute path"):
+        load_config(write(tmp_path, '[daemon]\nspill_dir = "spill"\n'), env={})
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigError, match=r"key 'daemon\.spill_dir': .*a-file exists and is not a directory"):
+        load_config(None, env={"TRADEAGENT__DAEMON__SPILL_DIR": str(tmp_path / "a-file")})
+    assert load_config(None, env={"TRADEAGENT__DAEMON__SPILL_DIR": str(tmp_path)}).daemon.spill_dir == str(
+        tmp_path
+    )
