@@ -3,6 +3,9 @@
 Each sub-command lives in its own module under :mod:`agent.commands` and exposes
 ``register(subparsers)``; this module only wires them together, sets up logging and turns
 the project's known errors into a clear message and a non-zero exit code.
+
+A reader that goes away (``tradeagent ctl status | head -1``) ends any command quietly: no
+traceback, exit code 141 (128 + SIGPIPE, what a shell reports for a process that SIGPIPE ended).
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -36,6 +42,8 @@ COMMANDS: tuple[str, ...] = (
     "gateway",
 )
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
 log = logging.getLogger("tradeagent")
 
 
@@ -59,6 +67,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        # The interpreter flushes stdout again on exit: point it at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _stdout_gone() -> bool:
+    """True when stdout is a pipe or socket whose reader has closed it (another broken pipe,
+    e.g. a subprocess's, is a real error)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # replaced by a non-file (io.UnsupportedOperation)
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR (pipe) and POLLHUP (socket) are always reported
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.log_format, logging.DEBUG if args.verbose else logging.INFO)

@@ -8,8 +8,9 @@ Resolution order (later wins):
    literal when it parses as one, else as a string), and the documented shortcuts
    ``TRADEAGENT_DB_URL`` and ``TRADEAGENT_DATA_DIR``.
 
-An unknown key or a value of the wrong type stops the process with a :class:`ConfigError`
-that names the key and where it came from (file or environment variable).
+An unknown key, a value of the wrong type or out of range, or a combination a struct's
+``__post_init__`` refuses stops the process with a :class:`ConfigError` that names the key and
+where it came from (file or environment variable).
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
 
 _PATH_RE = re.compile(r"at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
+_FIELD_RE = re.compile(r"^([a-z_][a-z0-9_]*): ")
+"""A check in a struct's ``__post_init__`` that starts its message with ``<field>: `` names
+that field: the error is reported under the struct's key plus the field."""
 
 
 def _key_of(message: str) -> str:
@@ -146,6 +150,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         unknown = re.search(r"unknown field `([^`]+)`", message)
         if unknown:
             key = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
-        where = _source_of(key, env_keys, file)
         reason = message.split(" - at ", maxsplit=1)[0]
+        field = _FIELD_RE.match(reason)
+        if field:  # a struct's own check that names its field: "cron: ..."
+            key = f"{key}.{field.group(1)}" if key else field.group(1)
+            reason = reason[field.end() :]
+        where = _source_of(key, env_keys, file)
         raise ConfigError(f"{where}: key '{key or '<root>'}': {reason}") from None

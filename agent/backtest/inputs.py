@@ -4,9 +4,10 @@
   overlaps a time window ``[start, end)`` (:func:`parse_bound`: whole UTC days for dates, exact
   instants for ISO date-times) and returns it.
 * :func:`resolve_checkpoint` finds a checkpoint by ``promoted`` (the registry's promoted model for
-  the configured instrument set), by sha256 (or a unique prefix of at least 8 hex digits) in the
-  content-addressed store, or by a file path; it is verified (hash, fingerprint) on load and
-  checked against the features the data produces (:func:`check_compatible`).
+  the configured instrument set), by sha256 (or a unique prefix of at least 8 hex digits,
+  :func:`match_sha256`, which ``tradeagent ctl promote`` uses too) in the content-addressed
+  store, or by a file path; it is verified (hash, fingerprint) on load and checked against the
+  features the data produces (:func:`check_compatible`).
 
 Every failure is a :class:`~agent.backtest.errors.BacktestError` (or the feeds/storage error of
 the layer that found it) with a message naming the input; nothing is written before these checks.
@@ -42,6 +43,7 @@ __all__ = [
     "ResolvedCheckpoint",
     "check_compatible",
     "iso_ns",
+    "match_sha256",
     "ns_iso",
     "parse_bound",
     "resolve_checkpoint",
@@ -176,6 +178,7 @@ def resolve_checkpoint(
         raise BacktestError(
             f"--checkpoint {spec}: no such file, and not 'promoted' or a sha256 (8 to 64 hex digits)"
         )
+    promoted_sets: list[str] = []
     store = CheckpointStore.for_data_dir(data_dir)
     url = resolve_url(storage, data_dir)
     floors: dict[int, float] = {}
@@ -188,27 +191,56 @@ def resolve_checkpoint(
             floors = {iid: v.value for (iid, _), v in LearnedFloors(database).all(VOL_REF_FLOOR).items()}
             if spec == "promoted":
                 key = instrument_set_key([s.symbol for s in feeds.instruments])
-                record = ModelRegistry(database).current_promoted(key)
+                registry = ModelRegistry(database)
+                record = registry.current_promoted(key)
+                promoted_sets = [c.instrument_set for c in registry.checkpoints(status="promoted")]
         finally:
             database.close()
     if spec == "promoted":
         key = instrument_set_key([s.symbol for s in feeds.instruments])
         if record is None:
+            remedy = (
+                f"promoted there: {', '.join(promoted_sets)}; trade one of these sets with "
+                f"--instruments (e.g. --instruments {promoted_sets[0]}), or pass a sha256 or a file"
+                if promoted_sets
+                else "train one with `tradeagent train --promote`, or pass a sha256 or a file"
+            )
             raise BacktestError(
-                f"--checkpoint promoted: no promoted checkpoint for {key} in {data_dir} "
-                "(train one with `tradeagent train --promote`, or pass a sha256 or a file)"
+                f"--checkpoint promoted: no promoted checkpoint for {key} in {data_dir}; {remedy}"
             )
         sha = record.sha256
     else:
-        matches = [h for h in store.hashes() if h.startswith(spec.lower())]
-        if len(matches) != 1:
-            found = "no checkpoint" if not matches else f"{len(matches)} checkpoints"
-            raise BacktestError(f"--checkpoint {spec}: {found} in {store.root} start with it")
-        sha = matches[0]
+        sha = match_sha256(spec, store, "--checkpoint")
     try:
         return ResolvedCheckpoint(checkpoint_from_bytes(store.get(sha), expected_sha256=sha), floors)
     except (ModelError, StorageError) as exc:
         raise BacktestError(f"--checkpoint {spec}: {exc}") from None
+
+
+def match_sha256(text: str, store: CheckpointStore, option: str) -> str:
+    """The one sha256 in ``store`` that starts with ``text`` (8 to 64 hex digits, any case).
+
+    Raises :class:`BacktestError` naming ``option`` when ``text`` is not such a prefix, or when
+    no stored checkpoint or more than one starts with it (the message says how long a prefix
+    must be).
+    """
+    if not _HEX.match(text):
+        raise BacktestError(f"{option} {text}: not a sha256 or a prefix of one (8 to 64 hex digits)")
+    matches = [h for h in store.hashes() if h.startswith(text.lower())]
+    if not matches:
+        raise BacktestError(f"{option} {text}: no checkpoint in {store.root} starts with it")
+    if len(matches) > 1:
+        shortest = [h[: max(8, 1 + max(_shared(h, o) for o in matches if o != h))] for h in matches[:4]]
+        raise BacktestError(
+            f"{option} {text}: ambiguous, {len(matches)} checkpoints in {store.root} start with it; "
+            f"give enough digits to pick one: {', '.join(shortest)}{', ...' if len(matches) > 4 else ''}"
+        )
+    return matches[0]
+
+
+def _shared(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def check_compatible(checkpoint: Checkpoint) -> None:

@@ -1,10 +1,13 @@
 """``tradeagent backtest``: replay recorded days through the daemon's pipeline (or the vectorised
 driver with ``--fast``), then write an HTML report and a JSON summary.
 
-Inputs are checked before any work: a missing or empty data directory, dates outside the data,
-a checkpoint that does not exist or does not match the data's features end with a clear error
-and exit code 2, and nothing is written. Outputs are written tmp-then-rename. Progress bars go to
-stderr; with ``--json`` stdout carries exactly the summary.
+Inputs are checked before any work: an output directory that cannot be written, a missing or
+empty data directory, dates outside the data, a checkpoint that does not exist or does not match
+the data's features end with a clear error and exit code 2, and nothing is written.
+``--instruments`` trades a subset of the configured instruments, as ``train --instruments``
+trains one: ``--checkpoint promoted`` is then the promoted model of that subset. Outputs are
+written tmp-then-rename. Progress bars go to stderr; with ``--json`` stdout carries exactly the
+summary.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from rich.console import Console
 
 from agent.backtest.inputs import parse_bound
 from agent.backtest.run import FAST_CHUNKS, BacktestRequest, run_backtest
+from agent.commands.outputs import output_dir
 from agent.commands.progress import RichProgress
+from agent.commands.train import symbols_of
 from agent.config import load_config
 from agent.errors import CommandError
 from agent.reports.backtest import write_backtest
+from agent.train.data import select_instruments
 
 __all__ = ["register"]
 
@@ -35,6 +41,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="promoted",
         metavar="promoted|SHA256|PATH",
         help="the model to trade (default: the promoted one for the configured instruments)",
+    )
+    parser.add_argument(
+        "--instruments",
+        nargs="+",
+        metavar="SYMBOL",
+        help="configured symbols to trade, as `train --instruments` (default: all)",
     )
     parser.add_argument(
         "--from",
@@ -72,6 +84,14 @@ def _run(args: argparse.Namespace) -> int:
         config = msgspec.structs.replace(config, device=args.device)
     if args.chunks < 1:
         raise CommandError(f"--chunks must be >= 1, got {args.chunks}")
+    symbols = symbols_of(args.instruments)
+    if symbols:
+        feeds = msgspec.structs.replace(
+            config.feeds, instruments=tuple(select_instruments(config.feeds, symbols))
+        )
+        config = msgspec.structs.replace(config, feeds=feeds)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = output_dir("--out", args.out or Path(config.data_dir) / "reports" / f"backtest-{stamp}")
     request = BacktestRequest(
         data=Path(args.data),
         checkpoint=args.checkpoint,
@@ -80,8 +100,6 @@ def _run(args: argparse.Namespace) -> int:
         fast=args.fast,
         chunks=args.chunks,
     )
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(args.out) if args.out else Path(config.data_dir) / "reports" / f"backtest-{stamp}"
     console = Console(stderr=True)
     with RichProgress(console) as progress:
         result = run_backtest(config, request, progress)

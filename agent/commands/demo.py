@@ -5,18 +5,28 @@
 2. **train** walk-forward on all days but the last (a small model and a short schedule: a few
    minutes on a 2-core CPU, the GPU when present), with the trainer's gates; a candidate that
    passes them is **promoted** in the SQLite registry;
-3. **backtest** the held-out last day with the vectorised driver (the same decisions, fill and
-   P&L maths as the daemon's pipeline, windows in lockstep: a full day in well under a minute;
-   ``tradeagent backtest`` without ``--fast`` replays it record by record instead), with a report
-   and JSON summary next to the flat / random / always-long baselines;
+3. **backtest** the held-out last day with the model the demo trades (below) and the vectorised
+   driver (the same decisions, fill and P&L maths as the daemon's pipeline, windows in lockstep:
+   a full day in well under a minute; ``tradeagent backtest`` without ``--fast`` replays it
+   record by record instead), with a report and JSON summary next to the flat / random /
+   always-long baselines;
 4. **paper trading**: start a real ``nats-server`` on a free port, start ``tradeagent run`` (paper
-   broker, SQLite ledger, the trained model) on a NATS JetStream feed, and relay the last day onto
+   broker, SQLite ledger, that model) on a NATS JetStream feed, and relay the last day onto
    NATS at ``--pace`` times real time for ``--paper-seconds``; then stop both (SIGTERM: orderly)
    and print what the daemon did and where the reports, the database and the logs are.
 
-Everything lands under ``--out`` (default ``./demo-out``): ``data/``, ``state/`` (database,
-checkpoints), ``reports/``, ``logs/`` and the daemon's ``paper.toml``. ``--quick`` shrinks every
-step (short sessions, a tiny schedule) for the test suite. Progress goes to stderr.
+**The model the demo trades** (steps 3 and 4) is what is promoted, as ``tradeagent run`` would
+trade it: the new candidate when it was promoted; otherwise the promoted incumbent when there is
+one (a second run on the same ``--out`` keeps the first run's registry, and its candidate may
+lose to that incumbent); when nothing is promoted at all, the unpromoted candidate, labelled so,
+to show the last two steps (``tradeagent run`` would not trade it). The console, the final lines
+and ``demo-summary.json`` (``traded_sha256``, ``traded_model``) say which model it is.
+
+Everything lands under ``--out`` (default ``./demo-out``, checked writable before any work):
+``data/``, ``state/`` (database, checkpoints; its ``nats/`` store is emptied at each start, so a
+run never replays an earlier run's stream), ``reports/``, ``logs/`` and the daemon's
+``paper.toml``. ``--quick`` shrinks every step (short sessions, a tiny schedule) for the test
+suite. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +48,7 @@ from rich.console import Console
 
 from agent.backtest.run import BacktestRequest, run_backtest
 from agent.bench.nats_server import NatsServer, NatsServerUnavailable
+from agent.commands.outputs import output_dir
 from agent.commands.progress import RichProgress
 from agent.config import Config, load_config
 from agent.control.client import ControlClient
@@ -50,6 +62,7 @@ from agent.train.run import TrainRequest, TrainSummary, run_training
 from feeds.config import InstrumentSpec
 from feeds.sources import config_symbols
 from feeds.synth import write_synthetic
+from storage import ModelRegistry, open_database
 
 __all__ = ["demo_config", "register"]
 
@@ -215,6 +228,28 @@ def _figure(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _model_to_trade(config: Config, s: TrainSummary) -> tuple[str, str]:
+    """The sha256 the backtest and the paper daemon trade, and what it is (the rule is in the
+    module docstring)."""
+    if s.promoted and s.candidate_sha256:
+        return s.candidate_sha256, f"the new candidate {s.candidate_sha256[:12]}, promoted"
+    with open_database(config.storage, config.data_dir) as database:
+        record = ModelRegistry(database).current_promoted(s.instrument_set)
+    new = (
+        f"the new candidate {s.candidate_sha256[:12]} was not promoted ({s.candidate_status})"
+        if s.candidate_sha256
+        else f"training produced no candidate ({s.halt_reason or 'see the report'})"
+    )
+    if record is not None:
+        return record.sha256, f"the promoted incumbent {record.sha256[:12]} ({new})"
+    if s.candidate_sha256:
+        return s.candidate_sha256, (
+            f"nothing is promoted for {s.instrument_set}: the unpromoted candidate "
+            f"{s.candidate_sha256[:12]}, to show the last two steps (`tradeagent run` would not trade it)"
+        )
+    raise CommandError(f"{new} and nothing is promoted for {s.instrument_set}: nothing to trade")
+
+
 def _paper(
     config: Config, out: Path, last_day: Path, *, checkpoint: str, profile: _Profile, console: Console
 ) -> dict[str, Any]:
@@ -222,8 +257,10 @@ def _paper(
     logs.mkdir(parents=True, exist_ok=True)
     cli = [sys.executable, "-m", "agent.cli", "--log-format", "text"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRADEAGENT")}
+    store = out / "state" / "nats"
+    shutil.rmtree(store, ignore_errors=True)  # scratch: never an earlier run's stream
     try:
-        server = NatsServer(store_dir=out / "state" / "nats")
+        server = NatsServer(store_dir=store)
         server.start()
     except NatsServerUnavailable as exc:
         raise CommandError(f"the paper step needs nats-server: {exc}") from None
@@ -293,7 +330,7 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError("--days must be at least 2 (one to train on, the last one held out)")
     if profile.paper_seconds <= 0 or profile.pace <= 0:
         raise CommandError("--paper-seconds and --pace must be > 0")
-    out = Path(args.out).resolve()
+    out = output_dir("--out", Path(args.out).resolve())
     config = demo_config(base, out, profile)
     if args.device:
         config = msgspec.structs.replace(config, device=args.device)
@@ -330,14 +367,10 @@ def _run(args: argparse.Namespace) -> int:
     s = trained.summary
     train_report = write_report(trained, reports / "train.html")
     write_atomic(reports / "train.json", msgspec.json.encode(s).decode() + "\n")
-    if not s.candidate_sha256:
-        raise CommandError(
-            f"training produced no candidate ({s.halt_reason or 'see the report'}): {train_report}"
-        )
-    state = "promoted" if s.promoted else f"not promoted ({s.candidate_status})"
+    state = "promoted" if s.promoted else f"not promoted ({s.candidate_status or 'no candidate'})"
     gated = _gated(s)
     console.print(
-        f"candidate {s.candidate_sha256[:12]}: {state}; the gate scored it as traded "
+        f"candidate {(s.candidate_sha256 or '-')[:12]}: {state}; the gate scored it as traded "
         f"(Thompson, Kelly x regime, risk limits, fills at arrival + latency, fees): "
         f"out-of-sample P&L {_figure(gated['pnl'], ',.2f')} after costs "
         f"{_figure(gated['costs'], ',.2f')}, Sharpe {_figure(gated['sharpe'], '.2f')}, "
@@ -345,12 +378,12 @@ def _run(args: argparse.Namespace) -> int:
         + ("" if s.promoted else f"; why not: {'; '.join(gated['reasons'])}")
         + f"; report {train_report}"
     )
+    traded, traded_model = _model_to_trade(config, s)
+    console.print(f"model traded in steps 3 and 4: {traded_model}")
 
     console.rule(f"3/4 backtest of the held-out day {held_out.name} (vectorised driver)")
     with RichProgress(console) as progress:
-        result = run_backtest(
-            config, BacktestRequest(data=held_out, checkpoint=s.candidate_sha256, fast=True), progress
-        )
+        result = run_backtest(config, BacktestRequest(data=held_out, checkpoint=traded, fast=True), progress)
     bt_report, bt_summary = write_backtest(result, reports / "backtest")
     p = result.summary.performance
     console.print(
@@ -359,13 +392,15 @@ def _run(args: argparse.Namespace) -> int:
     )
 
     console.rule(f"4/4 paper daemon on the last day relayed through NATS ({profile.paper_seconds:g} s)")
-    paper = _paper(config, out, held_out, checkpoint=s.candidate_sha256, profile=profile, console=console)
+    paper = _paper(config, out, held_out, checkpoint=traded, profile=profile, console=console)
     status = paper["status"]
     summary = {
         "out": str(out),
         "wall_s": round(time.monotonic() - started, 1),
         "promoted": s.promoted,
         "candidate_sha256": s.candidate_sha256,
+        "traded_sha256": traded,
+        "traded_model": traded_model,
         "gate": gated,
         "train_report": str(train_report),
         "backtest_report": str(bt_report),
@@ -373,6 +408,7 @@ def _run(args: argparse.Namespace) -> int:
         "backtest_pnl": p.pnl,
         "baselines_pnl": {k: v.pnl for k, v in result.summary.baselines.items()},
         "paper": {
+            "model": status.get("model"),
             "counts": status.get("counts", {}),
             "positions": status.get("positions", {}),
             "realised_pnl": status.get("realised_pnl"),
@@ -394,6 +430,7 @@ def _run(args: argparse.Namespace) -> int:
         f"  relay log:        {paper['relay_log']}\n"
         f"  gate (as traded): {state}; out-of-sample P&L {_figure(gated['pnl'], ',.2f')}, "
         f"probabilistic Sharpe {_figure(gated['psr'], '.3f')}\n"
+        f"  model traded:     {traded_model}\n"
         f"  paper daemon:     {status.get('counts', {}).get('fills', 0)} fills, positions "
         f"{status.get('positions', {})}, realised P&L {status.get('realised_pnl', 0.0)}\n"
         f"  summary:          {out / 'demo-summary.json'}"

@@ -1,9 +1,10 @@
 """``tradeagent record --out DIR``: write the NATS market-data stream into daily ``.dbn.zst``
 files (durable JetStream consumer ``feeds.recorder.durable``).
 
-Runs until SIGTERM or SIGINT, then flushes, acknowledges and exits 0. A recorder killed with
-SIGKILL loses nothing for good: completed files are intact, the open file is readable up to its
-last flush and the rest is redelivered when it restarts (see :mod:`feeds.recorder`).
+The archive directory is checked writable before anything starts. Runs until SIGTERM or
+SIGINT, then flushes, acknowledges and exits 0. A recorder killed with SIGKILL loses nothing
+for good: completed files are intact, the open file is readable up to its last flush and the
+rest is redelivered when it restarts (see :mod:`feeds.recorder`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from agent.commands.outputs import output_dir
 from agent.commands.relay import progress_display, run_until_signalled
 from agent.config import load_config
 from feeds.recorder import Recorder, RecorderCounters
@@ -40,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.nats_url:
         source = msgspec.structs.replace(feeds.source, nats_url=args.nats_url)
         feeds = msgspec.structs.replace(feeds, source=source)
-    out = args.out or feeds.recorder.out_dir or str(Path(config.data_dir) / "recordings")
+    out = output_dir("--out", args.out or feeds.recorder.out_dir or Path(config.data_dir) / "recordings")
     recorder = Recorder(feeds, out)
 
     async def main(stop: asyncio.Event) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Options override the ``[synth]`` configuration section; instruments come from
 ``feeds.instruments`` (``--instruments`` picks a subset by symbol). One ``.dbn.zst`` file per
-trading day; a progress bar per day goes to stderr, and the list of files to stdout (one JSON
-object with ``--json``).
+trading day under ``--out`` (checked writable before any work); a progress bar per day goes to
+stderr, and the list of files to stdout (one JSON object with ``--json``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agent.commands.outputs import output_dir
 from agent.config import load_config
 from agent.errors import CommandError
 from feeds.config import InstrumentSpec, SynthConfig
@@ -85,6 +86,7 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     synth = _synth_config(config.synth, args)
     instruments = _instruments(config.feeds.instruments, args.instruments)
+    out = output_dir("--out", args.out)
     seed = config.seed if args.seed is None else args.seed
     started = time.perf_counter()
     total = 0
@@ -98,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
             total += records
             progress.update(task, advance=1, description=f"{day:%Y-%m-%d} {records:,} records")
 
-        paths = write_synthetic(args.out, instruments=instruments, synth=synth, seed=seed, on_day=on_day)
+        paths = write_synthetic(out, instruments=instruments, synth=synth, seed=seed, on_day=on_day)
     summary = {
         "files": [str(path) for path in paths],
         "records": total,

@@ -10,7 +10,10 @@ registry, the promoted model and the learned floors as they were):
    from the previous fold, the optimiser, target network and replay are fresh), check Q-drift
    after every epoch, then evaluate the greedy policy and the baselines on the test block;
 4. re-evaluate the incumbent (the promoted checkpoint of this instrument set) on the same test
-   blocks with its own normalisation;
+   blocks with its own normalisation. It is loaded and verified (stored file, sha256, layout,
+   features) before step 1: an unusable incumbent stops the run at once with
+   :class:`IncumbentUnusable` (the message says how to fix it), never after the training;
+   ``TrainRequest(incumbent=False)`` (``train --no-incumbent``) compares with no incumbent;
 5. kill criteria and the promotion gate on the concatenated out-of-sample record;
 6. the candidate is the last fold's model (trained on the most recent window, with its own
    out-of-sample block): written to the checkpoint store (tmp-then-rename), registered, then
@@ -56,7 +59,7 @@ from agent.train.env import (
     fit_norm,
     rollout,
 )
-from agent.train.errors import TrainError, TrainTimeout
+from agent.train.errors import IncumbentUnusable, TrainError, TrainTimeout
 from agent.train.floors import VOL_REF_FLOOR, floor_target, next_floor, vol_ema_of
 from agent.train.folds import plan_folds
 from agent.train.gates import (
@@ -74,7 +77,7 @@ from feeds.config import InstrumentSpec
 from feeds.dbn import dbn_files
 from feeds.features import FEATURE_NAMES
 from storage import CheckpointStore, Instruments, LearnedFloors, ModelRegistry, open_database
-from storage.errors import NotFound
+from storage.errors import StorageError
 from storage.records import InstrumentInfo
 
 __all__ = ["Curves", "FoldSummary", "RunResult", "TrainRequest", "TrainSummary", "run_training"]
@@ -91,6 +94,10 @@ class TrainRequest:
     promote: bool = False
     deadline: float | None = None
     """``time.monotonic()`` value after which the run stops cleanly (:class:`TrainTimeout`)."""
+    incumbent: bool = True
+    """Compare with the promoted checkpoint of the instrument set (loaded and verified before
+    training); False: the gate compares with the baselines only, and a promotion replaces the
+    promoted checkpoint whatever its state (the remedy for an unusable one)."""
     bars: Mapping[str, InstrumentBars] | None = None
     """Bars already in memory (a benchmark, a caller that computed them): used instead of
     computing them from ``data`` for training. ``data`` must still be the archive they came
@@ -323,6 +330,8 @@ def _run_training(config: Config, request: TrainRequest, progress: Progress, bac
     database = open_database(config.storage, config.data_dir)
     try:
         registry = ModelRegistry(database)
+        store = CheckpointStore.for_data_dir(config.data_dir)
+        incumbent = _load_incumbent(registry, store, instrument_set, compare=request.incumbent)
         floors_repo = LearnedFloors(database)
         Instruments(database).upsert(
             [
@@ -360,6 +369,8 @@ def _run_training(config: Config, request: TrainRequest, progress: Progress, bac
             seed=config.seed,
             drift_abs=drift_floor(model_cfg, cfg),
             drift_ratio=cfg.drift_ratio,
+            incumbent_sha256=incumbent.sha256,
+            incumbent_note=incumbent.note,
         )
         run = _Run(
             config=config,
@@ -377,13 +388,44 @@ def _run_training(config: Config, request: TrainRequest, progress: Progress, bac
         run.train_all()
         if request.deadline is not None and time.monotonic() > request.deadline:
             raise TrainTimeout("the time limit was reached before the results were registered")
-        run.evaluate_incumbent(registry, CheckpointStore.for_data_dir(config.data_dir), instrument_set)
+        run.evaluate_incumbent(incumbent.checkpoint)
         run.decide()
-        run.register(registry, floors_repo, CheckpointStore.for_data_dir(config.data_dir), current_floors)
+        run.register(registry, floors_repo, store, current_floors)
         summary.wall_s = time.monotonic() - started
         return RunResult(summary, run.curves)
     finally:
         database.close()
+
+
+@dataclass(frozen=True)
+class _Incumbent:
+    """The incumbent of a run: the verified checkpoint to compare with (None: none), the
+    promoted hash when it is compared, and the summary's note."""
+
+    checkpoint: Checkpoint | None
+    sha256: str | None
+    note: str | None
+
+
+def _load_incumbent(
+    registry: ModelRegistry, store: CheckpointStore, instrument_set: str, *, compare: bool
+) -> _Incumbent:
+    """Load and verify the promoted checkpoint of ``instrument_set`` (before any training).
+
+    Raises :class:`IncumbentUnusable` when it cannot be traded by this code (stored file missing,
+    unreadable or corrupt, wrong layout fingerprint, other features) and ``compare`` is set.
+    """
+    record = registry.current_promoted(instrument_set)
+    if record is None:
+        return _Incumbent(None, None, "no promoted checkpoint for this instrument set")
+    if not compare:
+        return _Incumbent(None, None, f"not compared (--no-incumbent): promoted {record.sha256[:12]}")
+    try:
+        ckpt = checkpoint_from_bytes(store.get(record.sha256), expected_sha256=record.sha256)
+        check_compatible(ckpt)
+    except (CheckpointError, StorageError, BacktestError) as exc:
+        raise IncumbentUnusable(record.sha256, instrument_set, str(exc)) from None
+    return _Incumbent(ckpt, record.sha256, None)
 
 
 class _Run:
@@ -593,24 +635,11 @@ class _Run:
 
     # incumbent ----------------------------------------------------------------------------------
 
-    def evaluate_incumbent(
-        self, registry: ModelRegistry, store: CheckpointStore, instrument_set: str
-    ) -> None:
-        """The promoted model as traded on the same test blocks, with the same floors."""
+    def evaluate_incumbent(self, ckpt: Checkpoint | None) -> None:
+        """The incumbent (verified before training; None: none) as traded on the same test
+        blocks, with the same floors."""
         s = self.summary
-        if s.halted or not self.tests:
-            return
-        record = registry.current_promoted(instrument_set)
-        if record is None:
-            s.incumbent_note = "no promoted checkpoint for this instrument set"
-            return
-        s.incumbent_sha256 = record.sha256
-        try:
-            ckpt = checkpoint_from_bytes(store.get(record.sha256), expected_sha256=record.sha256)
-            check_compatible(ckpt)
-        except (CheckpointError, NotFound, BacktestError) as exc:
-            s.incumbent_note = f"incumbent unusable, compared with flat: {exc}"
-            log.warning("%s", s.incumbent_note)
+        if ckpt is None or s.halted or not self.tests:
             return
         bucket = self.config.train.sharpe_bucket_s
         self.progress.start("incumbent", len(self.tests))
