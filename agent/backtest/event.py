@@ -69,6 +69,8 @@ class EventRun:
         self.records = 0
         self.counts: dict[str, int] = {}
         self.halt_reason = ""
+        self.halt_ns: int | None = None
+        """Feed time of the risk halt (None when none latched)."""
         self.ledger_pnl = 0.0
         """Realised + unrealised (last marks) - fees, rebuilt from the ledger's fills."""
 
@@ -260,6 +262,7 @@ class EventDriver:
         if breach:
             self.halted = True
             self.run.halt_reason = breach
+            self.run.halt_ns = now_ns
             self._count("risk_halts")
         if self.halted:
             for order in self.trading.flatten(now_ns) or []:

@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from agent.backtest.errors import BacktestError
-from agent.backtest.event import EventDriver
+from agent.backtest.event import EventDriver, EventRun
 from agent.backtest.fast import BarSet, FillList, load_bars, marks_of, regime_path, run_fast
 from agent.backtest.inputs import (
     ResolvedCheckpoint,
@@ -31,7 +31,7 @@ from agent.backtest.inputs import (
     resolve_checkpoint,
     select_days,
 )
-from agent.backtest.kernel import BarPnl, DecisionLog, bar_pnl
+from agent.backtest.kernel import BarPnl, bar_pnl
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint
 from agent.policy.regime import RegimeTracker
@@ -105,6 +105,8 @@ class BacktestSummary(msgspec.Struct, kw_only=True):
     """Event mode: P&L rebuilt from the SQL ledger's fills (equals ``performance.pnl``)."""
     health: dict[str, int]
     halt_reason: str
+    halt_at: str
+    """Event mode: when the risk halt latched (ISO 8601 UTC, the feed clock; "" if it did not)."""
     wall_s: float
     records_per_s: float
 
@@ -221,7 +223,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
     tick_values = [s.tick_value for s in specs]
     n_records = int(bars.records.shape[0])
     ledger_pnl: float | None = None
-    halt_reason = ""
+    halt_reason = halt_at = ""
     counts: dict[str, int] = {}
     if request.fast:
         chunks = max(1, request.chunks)
@@ -252,7 +254,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         latency_ns = np.full(1, per_row_s * 1e9)
         counts = {"orders": len(fills.bar), "fills": len(fills.bar)}
     else:
-        log, fills, latency_ns, ledger_pnl, halt_reason, counts, frames = _event(
+        run, frames = _event(
             config,
             request,
             specs,
@@ -263,6 +265,10 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
             n_records=n_records,
             progress=progress,
         )
+        log, fills, ledger_pnl, counts = run.log, run.fills, run.ledger_pnl, run.counts
+        latency_ns = np.asarray(run.latency_ns, dtype=np.float64)
+        halt_reason = run.halt_reason
+        halt_at = ns_iso(run.halt_ns) if run.halt_ns is not None else ""
     books = _books(specs, frames, fills)
     progress.start("baselines", len(BASELINES))
     base: dict[str, Books] = {}
@@ -312,6 +318,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
             **{k: v for k, v in counts.items() if k not in ("orders", "fills")},
         },
         halt_reason=halt_reason,
+        halt_at=halt_at,
         wall_s=wall,
         records_per_s=n_records / wall if wall > 0 else 0.0,
     )
@@ -336,8 +343,9 @@ def _event(
     end_ns: int,
     n_records: int,
     progress: Progress,
-) -> tuple[DecisionLog, FillList, np.ndarray[Any, Any], float, str, dict[str, int], list[BarFrame]]:
-    """The event-driven run with its throwaway SQLite ledger (deleted afterwards)."""
+) -> tuple[EventRun, list[BarFrame]]:
+    """The event-driven run with its throwaway SQLite ledger (deleted afterwards), and each
+    instrument's bars."""
     decider = ModelDecider(
         checkpoint,
         config.policy,
@@ -372,12 +380,4 @@ def _event(
     ]
     if not any(len(f) for f in frames):
         raise BacktestError(f"{request.data}: the replay closed no bar in the selected dates")
-    return (
-        run.log,
-        run.fills,
-        np.asarray(run.latency_ns, dtype=np.float64),
-        run.ledger_pnl,
-        run.halt_reason,
-        run.counts,
-        frames,
-    )
+    return run, frames

@@ -23,11 +23,18 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     book plus the broker's fee per leg (:func:`agent.policy.kelly.leg_cost`).
     """
 
-    selection: Literal["thompson", "greedy"] = "thompson"
-    """How the action is chosen from the C51 distributions: ``thompson`` draws one return per
-    action and takes the best draw (exploration in proportion to the model's uncertainty);
-    ``greedy`` takes the best expected Q (ties to the lowest action). Every path that trades the
-    model (the daemon, both backtests, the trainer's as-traded evaluation) uses this setting."""
+    selection: Literal["thompson", "greedy"] = "greedy"
+    """How the action is chosen from the C51 distributions: ``greedy`` takes the best expected Q
+    (ties to the lowest action); ``thompson`` draws one return per action and takes the best
+    draw. Every path that trades the model (the daemon, both backtests, the trainer's as-traded
+    evaluation) uses this setting; training always explores by Thompson.
+
+    Greedy is the default because it trades the model's view: the C51 distributions hold the
+    spread of returns (aleatoric), not uncertainty about the model, so Thompson's draws keep
+    flipping the action however much data the model saw, and each flip pays the spread. Measured
+    as traded, same checkpoint and test block: the demo's model (ES + NQ, 2024-01-05) P&L 39,035
+    greedy vs 5,839 Thompson, costs 4,271 vs 11,327; config/tiny.toml on planted-signal ES
+    14,464 vs 1,346 (docs/training.md)."""
     seed: int = 0
     """Philox key of the Thompson draws: with the instrument slot and its decision index it
     makes every action reproducible in replay (0 <= seed < 2**64)."""

@@ -1,5 +1,6 @@
 """Action choice over C51 distributions (ALGORITHMS.md section 3), NumPy reference: Thompson
-sampling (the default ``policy.selection``) and the greedy choice.
+sampling (the trainer's exploration, and ``policy.selection = "thompson"``) and the greedy
+choice (the default ``policy.selection``).
 
 For each row and action one atom is drawn from the action's categorical distribution by the
 inverse CDF, with one Philox uniform per action; the action with the largest drawn value wins,

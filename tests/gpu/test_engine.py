@@ -27,7 +27,12 @@ from agent.policy.thompson import thompson_ref
 from tests.gpu.conftest import SMALL, make_checkpoint
 
 POLICY = PolicyConfig(
-    seed=99, kelly_fraction=0.5, capital_per_contract=500.0, max_contracts=5, min_edge_ticks=0.1
+    selection="thompson",
+    seed=99,
+    kelly_fraction=0.5,
+    capital_per_contract=500.0,
+    max_contracts=5,
+    min_edge_ticks=0.1,
 )
 FEE = 0.5
 TICKS = [12.5, 5.0, 50.0, 12.5, 10.0, 12.5]

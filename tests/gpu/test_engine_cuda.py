@@ -22,7 +22,12 @@ pytestmark = pytest.mark.gpu
 
 CFG = ModelConfig(n_features=24)
 POLICY = PolicyConfig(
-    seed=7, kelly_fraction=0.5, capital_per_contract=400.0, max_contracts=9, min_edge_ticks=0.1
+    selection="thompson",
+    seed=7,
+    kelly_fraction=0.5,
+    capital_per_contract=400.0,
+    max_contracts=9,
+    min_edge_ticks=0.1,
 )
 SLOTS = 100
 
