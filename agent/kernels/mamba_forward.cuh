@@ -63,16 +63,24 @@ __device__ __forceinline__ float mf_warp_sum(float v) {
 // Start copying n floats (rounded up to whole 16-byte chunks: the packed layout pads every
 // tensor to 16 bytes) from global src to shared dst without waiting, as one cp.async group.
 __device__ __forceinline__ void mf_stage(float* dst, const float* __restrict__ src, int n) {
+#ifdef __CUDA_ARCH__
     const unsigned int base = (unsigned int)__cvta_generic_to_shared(dst);
     for (int i = threadIdx.x; i < (n + 3) / 4; i += MF_THREADS) {
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + 16u * i), "l"(src + 4 * i));
     }
     asm volatile("cp.async.commit_group;\n" ::);
+#else  // the CPU emulation of the tests (tests/support/cuda_emu): a plain copy
+    for (int i = threadIdx.x; i < (n + 3) / 4; i += MF_THREADS) {
+        for (int k = 0; k < 4; ++k) dst[4 * i + k] = src[4 * i + k];
+    }
+#endif
 }
 
 // Wait for every staged copy of this thread, then for those of the whole block.
 __device__ __forceinline__ void mf_stage_wait() {
+#ifdef __CUDA_ARCH__
     asm volatile("cp.async.wait_all;\n" ::);
+#endif
     __syncthreads();
 }
 
