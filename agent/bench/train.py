@@ -38,9 +38,9 @@ from agent.config import Config
 from agent.errors import CommandError
 from agent.gpu.backend import select_backend
 from agent.model import init_params
+from agent.train.cuda_learner import fused_fits, select_learner
 from agent.train.data import load_archive, select_instruments
 from agent.train.env import AGENT_FEATURES, InstrumentBars, VecEnv, build_env_data, fit_norm
-from agent.train.learner import Learner
 from agent.train.replay import NStepBuffer, Replay
 from agent.train.run import TrainRequest, run_training
 from feeds.config import SynthConfig
@@ -94,6 +94,7 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
         return measure(
             config,
             bars,
+            data=data,
             load_s=load_s,
             state=Path(tmp) / "state",
             fraction=args.fraction,
@@ -105,14 +106,16 @@ def measure(
     config: Config,
     bars: dict[str, InstrumentBars],
     *,
+    data: Path,
     load_s: float,
     state: Path,
     fraction: float | None,
     steps: int,
 ) -> dict[str, Any]:
-    """The benchmark's figures for bars already in memory (``load_s``: what reading them took,
-    added to the retrain's wall time). ``fraction``: share of the retrain's training steps to run
-    (None: all of them on CUDA, 0.02 on the CPU)."""
+    """The benchmark's figures for bars already in memory, read from the archive ``data`` (which
+    the gate's as-traded evaluation replays; ``load_s``: what reading the bars took, added to
+    the retrain's wall time). ``fraction``: share of the retrain's training steps to run (None:
+    all of them on CUDA, 0.02 on the CPU)."""
     backend = select_backend(config.device)
     result: dict[str, Any] = {"device": backend.description, "bars": len(bars["ES"]), "load_s": load_s}
     with contextlib.ExitStack() as stack:
@@ -122,7 +125,7 @@ def measure(
     log.info("micro-benchmarks: %s", result)
     share = fraction if fraction is not None else (1.0 if backend.is_cuda else CPU_FRACTION)
     per_step = 1.0 / result["act_steps_per_s"] + config.train.updates_per_step / result["updates_per_s"]
-    result |= _retrain(config, bars, load_s, state, fraction=share, per_step_s=per_step)
+    result |= _retrain(config, bars, data, load_s, state, fraction=share, per_step_s=per_step)
     return result
 
 
@@ -130,61 +133,73 @@ def _micro(config: Config, bars: InstrumentBars, xp: Any, steps: int) -> dict[st
     cfg = config.train
     parts = [(bars, 0, len(bars))]
     model = config.model.with_features(len(FEATURE_NAMES) + len(AGENT_FEATURES))
+    cuda = xp is not np
+    fused = cuda and fused_fits(model)
+    params = init_params(model, np.random.default_rng(0), xp=np if fused else xp)
+    learner = select_learner(model, cfg, params, seed=0, cuda=cuda)
+    env_xp = learner.xp
     env_data = build_env_data(
         parts,
         fit_norm(parts),
         window=model.window,
         horizon=model.return_horizon,
         session_gap_s=cfg.session_gap_s,
-        xp=xp,
+        xp=env_xp,
     )
     env = VecEnv(env_data, cfg.n_envs, reward_scale=cfg.reward_scale, seed=0)
     env.reset_random()
     rng = np.random.default_rng(0)
-    actions = [xp.asarray(rng.integers(0, 3, cfg.n_envs)) for _ in range(steps)]
-    _sync(xp)
+    actions = [env_xp.asarray(rng.integers(0, 3, cfg.n_envs)) for _ in range(steps)]
+    _sync(env_xp)
     start = time.perf_counter()
     for a in actions:
         env.observe()
         res = env.step(a)
         env.reset_random(res.done)
-    _sync(xp)
+    _sync(env_xp)
     env_rate = steps * cfg.n_envs / (time.perf_counter() - start)
-    learner = Learner(model, cfg, init_params(model, np.random.default_rng(0), xp=xp), seed=0)
-    replay = Replay(max(cfg.batch_size * 4, cfg.n_envs * 8), model.window, len(AGENT_FEATURES), xp)
+    replay = Replay(max(cfg.batch_size * 4, cfg.n_envs * 8), model.window, len(AGENT_FEATURES), env_xp)
     nstep = NStepBuffer(
-        cfg.n_step, cfg.gamma, n_envs=cfg.n_envs, window=model.window, n_agent=len(AGENT_FEATURES), xp=xp
+        cfg.n_step, cfg.gamma, n_envs=cfg.n_envs, window=model.window, n_agent=len(AGENT_FEATURES), xp=env_xp
     )
     while replay.size < replay.capacity:
         before = (env.t.copy(), env.agent.copy())
-        res = env.step(xp.asarray(rng.integers(0, 3, cfg.n_envs)))
+        res = env.step(env_xp.asarray(rng.integers(0, 3, cfg.n_envs)))
         batch = nstep.push(before, res.action, res.reward, res.done, (env.t.copy(), env.agent.copy()))
         if batch is not None:
             replay.add(batch)
         env.reset_random(res.done)
-    n_updates = max(10, steps // 4)
+    n_updates = max(10, steps // 4) * (10 if fused else 1)
     learner.update(env_data, replay.sample(rng, cfg.batch_size))  # warm-up (kernel compilation)
-    _sync(xp)
+    learner.take_stats()  # waits for the device
     start = time.perf_counter()
     for _ in range(n_updates):
         learner.update(env_data, replay.sample(rng, cfg.batch_size))
-    _sync(xp)
+    learner.take_stats()
     update_rate = n_updates / (time.perf_counter() - start)
-    env_ids = xp.arange(cfg.n_envs, dtype=np.int64)
-    n_act = max(10, steps // 4)
-    _sync(xp)
+    env_ids = env_xp.arange(cfg.n_envs, dtype=np.int64)
+    n_act = max(10, steps // 4) * (10 if fused else 1)
+    learner.explore(env_data, env.t, env.agent, env_ids, env_xp.zeros(cfg.n_envs, dtype=np.int64))  # warm-up
+    _sync(env_xp)
     start = time.perf_counter()
     for k in range(n_act):
-        res = env.step(learner.explore(env.observe(), env_ids, xp.full(cfg.n_envs, k, dtype=np.int64)))
+        counter = env_xp.full(cfg.n_envs, k, dtype=np.int64)
+        res = env.step(learner.explore(env_data, env.t, env.agent, env_ids, counter))
         env.reset_random(res.done)
-    _sync(xp)
+    _sync(env_xp)
     act_rate = n_act / (time.perf_counter() - start)
-    return {"env_steps_per_s": env_rate, "updates_per_s": update_rate, "act_steps_per_s": act_rate}
+    return {
+        "env_steps_per_s": env_rate,
+        "updates_per_s": update_rate,
+        "act_steps_per_s": act_rate,
+        "learner": "fused CUDA kernels" if fused else f"array code ({'CuPy' if cuda else 'NumPy'})",
+    }
 
 
 def _retrain(
     config: Config,
     bars: dict[str, InstrumentBars],
+    data: Path,
     load_s: float,
     state: Path,
     *,
@@ -200,7 +215,7 @@ def _retrain(
     run_config = msgspec.structs.replace(config, data_dir=str(state), train=train)
     start = time.perf_counter()
     summary = run_training(
-        run_config, TrainRequest(data=state / "preloaded", instruments=["ES"], bars=bars)
+        run_config, TrainRequest(data=data, instruments=["ES"], bars=bars)
     ).summary
     measured = load_s + time.perf_counter() - start
     out: dict[str, Any] = {

@@ -6,7 +6,8 @@
 // Shapes and the packed parameter layout come from the Python wrapper as macros:
 //   MF_K window, MF_F features, MF_D d_model, MF_L layers, MF_DI inner width, MF_H heads,
 //   MF_P headdim, MF_G groups, MF_N d_state, MF_W conv width, MF_NQ = A * atoms, MF_NR bins;
-//   OFF_* offsets into the packed float32 buffer (weights stored transposed, in x out order);
+//   OFF_* offsets into the packed float32 buffer (weights stored transposed, in x out order;
+//   BLK_A holds A_log, the parameter itself, so that the trainer updates the same buffer);
 //   MF_THREADS, MF_TG and MF_STAGE pick a variant:
 //   * latency (MF_STAGE 1): the matrices of the next stage are copied into shared memory
 //     with cp.async while the current stage computes (one block a multiprocessor, every
@@ -277,7 +278,7 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
         for (int idx = threadIdx.x; idx < MF_DI; idx += MF_THREADS) {
             const int h = idx / MF_P;
             const int g = h / (MF_H / MF_G);
-            const float A = __ldg(blk + BLK_A + h);
+            const float A = -expf(__ldg(blk + BLK_A + h));  // the layout stores A_log
             const float Dh = __ldg(blk + BLK_D + h);
             float state[MF_N];
 #pragma unroll

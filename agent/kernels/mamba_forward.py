@@ -3,7 +3,8 @@ reference ``mamba_forward_ref()`` (the model's own :func:`agent.model.network.fo
 
 The kernel reads one packed float32 buffer (:func:`pack_params`): the model's tensors, weight
 matrices transposed to (in, out) so that neighbouring threads read neighbouring outputs,
-``A = -exp(A_log)`` precomputed, and the feature normalisation statistics last. Shapes and
+``A_log`` as it is (the kernels take ``A = -exp(A_log)``; the trainer's kernels update this same
+buffer, :mod:`agent.kernels.train`), and the feature normalisation statistics last. Shapes and
 offsets are compile-time constants (one compiled module per model shape, cached).
 """
 
@@ -188,7 +189,7 @@ def pack_params(
         put(base + off["BLK_CONV_W"], params[p + "conv_w"])
         put(base + off["BLK_CONV_B"], params[p + "conv_b"])
         put(base + off["BLK_DT_BIAS"], params[p + "dt_bias"])
-        put(base + off["BLK_A"], -np.exp(np.asarray(params[p + "A_log"], dtype=np.float32)))
+        put(base + off["BLK_A"], params[p + "A_log"])
         put(base + off["BLK_D"], params[p + "D"])
         put(base + off["BLK_GNORM"], params[p + "gnorm_w"])
         put(base + off["BLK_WOUT_T"], tr(p + "W_out"))

@@ -15,17 +15,22 @@ One update on a batch of transitions (:class:`agent.train.replay.Transitions`):
 Exploration: Thompson sampling from the online distributions, one Philox uniform per action keyed
 by (seed, environment, step) (:mod:`agent.policy.thompson`; the CUDA kernel on the GPU), so a run
 is reproducible on the CPU for a seed. The optional Munchausen bonus is not implemented.
+
+This class is the array-code learner (NumPy, or CuPy for models too large for the fused kernels)
+and the reference of :class:`agent.train.cuda_learner.CudaLearner`, which runs the same update as
+one CUDA graph. Both report per epoch through :meth:`Learner.take_stats`.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from types import ModuleType
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from agent.kernels.thompson import thompson
-from agent.model import ModelConfig, Params, c51_support, expected_q, forward, q_probs, return_bin_of
-from agent.model.arrays import Array, array_module
+from agent.model import ModelConfig, c51_support, expected_q, forward, q_probs, return_bin_of
+from agent.model.arrays import Array, Params, array_module, to_numpy
 from agent.model.errors import NonFiniteError
 from agent.model.losses import c51_loss_and_grad, c51_project, return_loss_and_grad
 from agent.model.network import backward
@@ -35,7 +40,7 @@ from agent.train.config import TrainConfig
 from agent.train.env import EnvData
 from agent.train.replay import Transitions
 
-__all__ = ["Learner", "UpdateStats"]
+__all__ = ["EpochStats", "Learner", "TrainingLearner", "UpdateStats"]
 
 
 class UpdateStats(NamedTuple):
@@ -44,6 +49,63 @@ class UpdateStats(NamedTuple):
     c51_loss: float
     return_loss: float
     grad_norm: float
+
+
+class EpochStats(NamedTuple):
+    """What a learner did since its last :meth:`Learner.take_stats` (host numbers)."""
+
+    c51_loss: float
+    """Mean C51 loss of the updates (NaN when there were none)."""
+    return_loss: float
+    grad_norm: float
+    """Mean of the finite gradient norms (NaN when none was finite)."""
+    attempts: int
+    """Updates attempted (applied + skipped)."""
+    updates: int
+    """Updates applied since the learner was made (all folds)."""
+    skipped: int
+    """Updates skipped for a non-finite gradient since the last call."""
+
+    @classmethod
+    def of(
+        cls, c51: np.ndarray, ret: np.ndarray, norm: np.ndarray, *, updates: int, skipped: int
+    ) -> EpochStats:
+        finite = norm[np.isfinite(norm)]
+        nan = float("nan")
+        return cls(
+            c51_loss=float(np.mean(c51)) if c51.size else nan,
+            return_loss=float(np.mean(ret)) if ret.size else nan,
+            grad_norm=float(np.mean(finite)) if finite.size else nan,
+            attempts=int(c51.size),
+            updates=updates,
+            skipped=skipped,
+        )
+
+
+class TrainingLearner(Protocol):
+    """What the trainer asks of a learner (:class:`Learner`, or the fused
+    :class:`agent.train.cuda_learner.CudaLearner`)."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+
+    @property
+    def xp(self) -> ModuleType:
+        """The array module of the environments it acts in."""
+
+    def host_params(self) -> Params: ...
+
+    def reset_optimizer(self) -> None: ...
+
+    def q_values(self, obs: Array) -> Array: ...
+
+    def greedy(self, obs: Array) -> Array: ...
+
+    def explore(self, data: EnvData, t: Array, agent: Array, env: Array, step: Array) -> Array: ...
+
+    def update(self, data: EnvData, batch: Transitions) -> object: ...
+
+    def take_stats(self) -> EpochStats: ...
 
 
 class Learner:
@@ -59,6 +121,20 @@ class Learner:
         self.updates = 0
         self.skipped = 0
         """Updates rejected because the gradient was not finite."""
+        self._stats: list[UpdateStats] = []
+        self._skipped_read = 0
+
+    def host_params(self) -> Params:
+        """The online network's parameters as host arrays (NumPy: the live arrays themselves)."""
+        return {name: to_numpy(p) for name, p in self.params.items()}
+
+    def take_stats(self) -> EpochStats:
+        """The updates since the last call: mean losses and gradient norm, counts."""
+        arr = np.array(self._stats, dtype=np.float64).reshape(-1, 3)
+        self._stats = []
+        skipped = self.skipped - self._skipped_read
+        self._skipped_read = self.skipped
+        return EpochStats.of(arr[:, 0], arr[:, 1], arr[:, 2], updates=self.updates, skipped=skipped)
 
     def reset_optimizer(self) -> None:
         """Fresh Adam moments and a target network synced to the online one (each fold)."""
@@ -81,9 +157,10 @@ class Learner:
         """Argmax of expected Q (ties to the lowest action), ``[B]`` int64."""
         return self.xp.argmax(self.q_values(obs), axis=1).astype(np.int64)
 
-    def explore(self, obs: Array, env: Array, step: Array) -> Array:
-        """Thompson actions ``[B]`` for environments ``env`` at their step counters ``step``."""
-        probs = self.distributions(obs).astype(np.float32)
+    def explore(self, data: EnvData, t: Array, agent: Array, env: Array, step: Array) -> Array:
+        """Thompson actions ``[B]`` for environments ``env`` at decision bars ``t`` of ``data``
+        with agent histories ``agent``, keyed by their step counters ``step``."""
+        probs = self.distributions(data.windows(t, agent)).astype(np.float32)
         if self.xp is np:
             return thompson_ref(probs, self.support, self.seed, env, step).action.astype(np.int64)
         action, _ = thompson(
@@ -121,11 +198,14 @@ class Learner:
             norm = clip_grad_norm(grads, cfg.grad_clip)
         except NonFiniteError:
             self.skipped += 1
-            return UpdateStats(float(c51_loss), ret_loss, float("nan"))
-        self.optimizer.update(self.params, grads)
-        self.updates += 1
-        self._sync_target()
-        return UpdateStats(float(c51_loss), ret_loss, norm)
+            stats = UpdateStats(float(c51_loss), ret_loss, float("nan"))
+        else:
+            self.optimizer.update(self.params, grads)
+            self.updates += 1
+            self._sync_target()
+            stats = UpdateStats(float(c51_loss), ret_loss, norm)
+        self._stats.append(stats)
+        return stats
 
     def _sync_target(self) -> None:
         cfg = self.config

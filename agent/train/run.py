@@ -47,6 +47,7 @@ from agent.model.errors import CheckpointError
 from agent.policy.regime import RegimeConfig
 from agent.progress import SILENT, Progress
 from agent.train.baselines import BASELINES, baseline_policy
+from agent.train.cuda_learner import fused_fits, select_learner
 from agent.train.data import load_archive, select_instruments
 from agent.train.env import (
     AGENT_FEATURES,
@@ -70,7 +71,6 @@ from agent.train.gates import (
     probabilistic_sharpe,
     promotion,
 )
-from agent.train.learner import Learner
 from agent.train.metrics import Performance, bucket_sums, performance
 from agent.train.trainer import EpochRecord, make_probe, probe_stats, train_fold
 from feeds.config import InstrumentSpec
@@ -461,8 +461,11 @@ class _Run:
         self.tests: list[tuple[tuple[int, int], dict[int, float]]] = []
         """Per tested fold: its replay window [start, end) ns and the floors it was traded with."""
         self.kills: list[GateEvent] = []
-        self.params = init_params(model_cfg, np.random.default_rng(config.seed), xp=xp)
-        self.learner = Learner(model_cfg, config.train, self.params, seed=config.seed)
+        fused = xp is not np and fused_fits(model_cfg)
+        params = init_params(model_cfg, np.random.default_rng(config.seed), xp=np if fused else xp)
+        self.learner = select_learner(model_cfg, config.train, params, seed=config.seed, cuda=xp is not np)
+        self.xp = self.learner.xp
+        """The environments' array module (the host's for the fused CUDA learner)."""
         self.norm: FeatureNorm | None = None
         self.early_q_move = 0.0
         self.final_probe: tuple[float, float] = (0.0, 0.0)
@@ -539,7 +542,7 @@ class _Run:
     def _fold_checkpoint(self, norm: FeatureNorm) -> Checkpoint:
         """The model as it stands, as a verified checkpoint (what the fold's test evaluates)."""
         blob = checkpoint_to_bytes(
-            self.params,
+            self.learner.host_params(),
             self.model_cfg,
             feature_names=(*FEATURE_NAMES, *AGENT_FEATURES),
             norm_mean=norm.mean,
@@ -739,9 +742,10 @@ class _Run:
                 message=event.message,
             )
         decision = s.gates[-1]
-        if self.norm is not None and all(bool(self.xp.isfinite(p).all()) for p in self.params.values()):
+        params = self.learner.host_params()
+        if self.norm is not None and all(bool(np.isfinite(p).all()) for p in params.values()):
             blob = checkpoint_to_bytes(
-                self.params,
+                params,
                 self.model_cfg,
                 feature_names=(*FEATURE_NAMES, *AGENT_FEATURES),
                 norm_mean=self.norm.mean,

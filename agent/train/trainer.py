@@ -23,7 +23,7 @@ from agent.train.config import TrainConfig
 from agent.train.env import AGENT_FEATURES, EnvData, VecEnv
 from agent.train.errors import TrainTimeout
 from agent.train.gates import GateEvent, action_entropy, drift_floor, nonfinite_gradients, q_drift
-from agent.train.learner import Learner
+from agent.train.learner import TrainingLearner
 from agent.train.replay import NStepBuffer, Replay
 
 __all__ = ["EpochRecord", "FoldTraining", "Probe", "ProbeStats", "make_probe", "probe_stats", "train_fold"]
@@ -92,7 +92,7 @@ def make_probe(data: EnvData, size: int) -> Probe:
     return Probe(t, xp.zeros((pick.shape[0], data.window, len(AGENT_FEATURES)), dtype=np.float32))
 
 
-def probe_stats(learner: Learner, data: EnvData, probe: Probe) -> ProbeStats:
+def probe_stats(learner: TrainingLearner, data: EnvData, probe: Probe) -> ProbeStats:
     """Q-mean, Q-spread and greedy action mix of the learner on the probe windows."""
     q = to_numpy(learner.q_values(data.windows(probe.t, probe.agent))).astype(np.float64)
     greedy = np.argmax(q, axis=1)
@@ -102,7 +102,7 @@ def probe_stats(learner: Learner, data: EnvData, probe: Probe) -> ProbeStats:
 
 
 def train_fold(
-    learner: Learner,
+    learner: TrainingLearner,
     data: EnvData,
     config: TrainConfig,
     *,
@@ -132,9 +132,8 @@ def train_fold(
     drift: list[GateEvent] = []
     step = 0
     credit = 0.0
+    learner.take_stats()  # what came before this fold is not this fold's first epoch
     for epoch in range(cfg.epochs):
-        losses: list[tuple[float, float, float]] = []
-        skipped_before = learner.skipped
         reward_sum = 0.0
         counts = np.zeros(len(ACTIONS))
         for _ in range(cfg.steps_per_epoch):
@@ -142,7 +141,7 @@ def train_fold(
                 raise TrainTimeout("the time limit was reached during training")
             before = (env.t.copy(), env.agent.copy())
             counter = xp.full(cfg.n_envs, fold * _STEP_STRIDE + step, dtype=np.int64)
-            actions = learner.explore(env.observe(), env_ids, counter)
+            actions = learner.explore(data, env.t, env.agent, env_ids, counter)
             res = env.step(actions)
             step += 1
             batch = nstep.push(before, res.action, res.reward, res.done, (env.t.copy(), env.agent.copy()))
@@ -156,11 +155,11 @@ def train_fold(
             while credit >= 1.0:
                 credit -= 1.0
                 if replay.size >= max(cfg.learning_starts, cfg.batch_size):
-                    losses.append(learner.update(data, replay.sample(rng, cfg.batch_size)))
+                    learner.update(data, replay.sample(rng, cfg.batch_size))
             if on_step is not None:
                 on_step()
+        learned = learner.take_stats()
         stats = probe_stats(learner, data, probe)
-        arr = np.array(losses) if losses else np.full((1, 3), np.nan)
         epochs.append(
             EpochRecord(
                 fold=fold,
@@ -168,19 +167,17 @@ def train_fold(
                 q_mean=stats.q_mean,
                 q_spread=stats.q_spread,
                 entropy=stats.entropy,
-                c51_loss=float(np.nanmean(arr[:, 0])) if losses else float("nan"),
-                return_loss=float(np.nanmean(arr[:, 1])) if losses else float("nan"),
-                grad_norm=float(np.nanmean(arr[:, 2])) if np.isfinite(arr[:, 2]).any() else float("nan"),
+                c51_loss=learned.c51_loss,
+                return_loss=learned.return_loss,
+                grad_norm=learned.grad_norm,
                 reward_mean=reward_sum / (cfg.steps_per_epoch * cfg.n_envs),
                 explore_mix=(counts / max(counts.sum(), 1.0)).tolist(),
-                updates=learner.updates,
-                skipped=learner.skipped - skipped_before,
+                updates=learned.updates,
+                skipped=learned.skipped,
             )
         )
         for event in (
-            nonfinite_gradients(
-                learner.skipped - skipped_before, len(losses), cfg, fold_index=fold, epoch=epoch
-            ),
+            nonfinite_gradients(learned.skipped, learned.attempts, cfg, fold_index=fold, epoch=epoch),
             q_drift(stats.q_mean, q_prev, floor, cfg, fold_index=fold, epoch=epoch),
         ):
             drift.append(event)
