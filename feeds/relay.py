@@ -12,12 +12,13 @@ publish refused because no stream records the subject (the stream was deleted un
 re-creates the stream, then is retried; each such episode is one warning.
 
 **Resume.** At start the relay reads, for every subject it may publish to, the stream's last
-message (JetStream's last message for the subject) and skips the source's records of that
+message (JetStream's last message for the subject) and has its source skip the records of that
 instrument up to and including the last record that message holds (by ``ts_recv``, then by the
-record's bytes among records of that same ``ts_recv``), counting them in ``skipped_records``. A
-relay restarted on the same files so carries on where the stream stops instead of replaying
-from the start (which would send every consumer's clock back); a live source, whose records are
-all newer, skips nothing.
+record's bytes among records of that same ``ts_recv``: :mod:`feeds.sources.resume`), counting
+them in ``skipped_records``. A relay restarted on the same files so carries on where the stream
+stops instead of replaying from the start (which would send every consumer's clock back); a
+paced replay drops those records before its pacing, so it publishes at once rather than after
+as long as the previous run took; a live source, whose records are all newer, skips nothing.
 
 **Stop.** When ``stop`` is set the relay stops reading its source (the batch being published
 is finished), waits for the acknowledgements still in flight and returns. Whatever it waits on
@@ -52,13 +53,14 @@ import numpy as np
 from nats.js.api import PubAck
 
 from feeds.config import RelayConfig
-from feeds.dbn.framing import MBP10_SIZE, take_mbp10
+from feeds.dbn.framing import MBP10_SIZE
 from feeds.errors import FeedError
 from feeds.records import MBP10_DTYPE
 from feeds.sources.base import Source
 from feeds.sources.events import HealthEvent, RecordBatch, SourceEvent
 from feeds.sources.nats_session import NatsSession
 from feeds.sources.nats_wire import MessageEncoder, WireMessage
+from feeds.sources.resume import ResumeFilter, ResumePoint
 from feeds.sources.subjects import subject_for
 
 __all__ = ["Relay", "RelayCounters"]
@@ -95,15 +97,6 @@ class _GaveUp(Exception):
     """The stop timeout ran out while publishes were still unacknowledged."""
 
 
-@dataclasses.dataclass(slots=True)
-class _ResumePoint:
-    """The last record the stream holds for one instrument."""
-
-    symbol: str
-    ts_recv: int
-    record: bytes
-
-
 class Relay:
     """Publish ``source`` onto NATS at ``url`` (see the module docstring).
 
@@ -132,7 +125,7 @@ class Relay:
         self._retrying: asyncio.Future[PubAck] | None = None
         self._give_up = asyncio.Event()
         self._failing = False
-        self._resume: dict[int, _ResumePoint] = {}
+        self._resume = ResumeFilter(f"relay {source.name}", ())
         self._unknown_logged: set[int] = set()
 
     async def run(
@@ -152,6 +145,7 @@ class Relay:
             if not work.done():
                 await asyncio.wait({work}, timeout=CLOSE_S)  # a closed connection ends every wait
         failure = work.exception() if work.done() and not work.cancelled() else None
+        self.counters.skipped_records = self._resume.skipped
         if self._give_up.is_set():
             self.counters.abandoned_messages = len(self._inflight)
             log.warning(
@@ -244,9 +238,11 @@ class Relay:
     # ----------------------------------------------------------------- resume
 
     async def _read_resume_points(self, dataset: str) -> None:
-        """The stream's last record of every instrument this relay may publish."""
+        """The stream's last record of every instrument this relay may publish, handed to the
+        source (:meth:`feeds.sources.Source.resume_after`)."""
         js = self._session.js
         symbols = {**self._fallback_symbols, **self.source.symbols}
+        points: list[ResumePoint] = []
         for instrument_id, symbol in sorted(symbols.items()):
             try:
                 subject = subject_for(dataset, symbol)
@@ -262,59 +258,22 @@ class Relay:
             last = np.frombuffer(data[-MBP10_SIZE:], dtype=MBP10_DTYPE)
             if int(last["instrument_id"][0]) != instrument_id:
                 continue  # the symbol's instrument changed: a different feed
-            self._resume[instrument_id] = _ResumePoint(symbol, int(last["ts_recv"][0]), data[-MBP10_SIZE:])
-        if self._resume:
+            points.append(ResumePoint(instrument_id, symbol, int(last["ts_recv"][0]), data[-MBP10_SIZE:]))
+        if points:
             log.info(
                 "relay %s: resuming after the stream's last records: %s",
                 self.source.name,
-                ", ".join(f"{p.symbol} at ts_recv {p.ts_recv}" for p in self._resume.values()),
+                ", ".join(f"{p.symbol} at ts_recv {p.ts_recv}" for p in points),
             )
-
-    def _skip_published(self, records: np.ndarray) -> np.ndarray:
-        """``records`` without those the stream already holds (see the module docstring)."""
-        ids = records["instrument_id"]
-        keep = np.ones(len(records), dtype=bool)
-        for instrument_id, point in list(self._resume.items()):
-            mine = np.flatnonzero(ids == instrument_id)
-            if not len(mine):
-                continue
-            ts = records["ts_recv"][mine]
-            skip = ts < point.ts_recv
-            found = False
-            for k in np.flatnonzero(ts == point.ts_recv).tolist():
-                skip[k] = True
-                if records[mine[k]].tobytes() == point.record:
-                    found = True
-                    break
-            keep[mine[skip]] = False
-            if found or bool((ts > point.ts_recv).any()):
-                del self._resume[instrument_id]
-                if not found:
-                    log.warning(
-                        "relay %s: the stream's last %s record (ts_recv %d) is not in the source; "
-                        "publishing its records after that time",
-                        self.source.name,
-                        point.symbol,
-                        point.ts_recv,
-                    )
-        skipped = len(records) - int(np.count_nonzero(keep))
-        if not skipped:
-            return records
-        self.counters.skipped_records += skipped
-        if not self._resume:
-            log.info(
-                "relay %s: resumed; %d records the stream already held were skipped",
-                self.source.name,
-                self.counters.skipped_records,
-            )
-        return take_mbp10(records, keep)
+            self._resume = ResumeFilter(f"relay {self.source.name}", points)
+            self.source.resume_after(self._resume)
 
     # ----------------------------------------------------------------- publishing
 
     async def _relay(self, encoder: MessageEncoder, batch: RecordBatch) -> None:
-        records = self._skip_published(batch.records) if self._resume else batch.records
+        self.counters.skipped_records = self._resume.skipped
         symbols = {**self._fallback_symbols, **self.source.symbols}
-        messages, unknown = encoder.encode(records, symbols)
+        messages, unknown = encoder.encode(batch.records, symbols)
         if len(unknown):
             self.counters.unknown_records += len(unknown)
             for instrument_id in set(unknown["instrument_id"].tolist()) - self._unknown_logged:

@@ -2,6 +2,8 @@
 
 Default endpoints are ipc sockets in ``<data_dir>/run``: the directory is created 0700 and each
 socket file is set to 0600 once bound, so only the daemon's user can connect (DESIGN section 11).
+An existing directory keeps its mode; one others may write to is refused, or with the sticky bit
+(``/tmp``) accepted with a warning (:func:`prepare_ipc` says why).
 tcp endpoints are only allowed with CURVE (keys in ``zmq.auth`` certificate files). The daemon's
 server sockets, the control ROUTER and the telemetry PUB, are bound by one implementation of
 these rules (:class:`ServerSockets`).
@@ -9,6 +11,7 @@ these rules (:class:`ServerSockets`).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import stat
@@ -35,6 +38,8 @@ __all__ = [
     "secure_ipc",
     "telemetry_endpoint",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class CurveClientKeys(msgspec.Struct, frozen=True):
@@ -63,20 +68,65 @@ def ipc_path(endpoint: str) -> Path | None:
 
 
 def prepare_ipc(endpoint: str) -> None:
-    """Before binding: create the socket's directory owner-only (0700) and remove a stale socket
-    file left by a process that died. A socket that a live process listens on is never removed
-    (:class:`ControlError` naming the path), nor a file that is not a socket."""
+    """Before binding: make sure of the socket's directory and remove a stale socket file left
+    by a process that died. A socket that a live process listens on is never removed
+    (:class:`ControlError` naming the path), nor a file that is not a socket.
+
+    A directory this call creates is made owner-only (0700). An existing one is left as it is
+    (its mode belongs to whoever made it: ``/tmp`` must stay 1777), and judged by who else may
+    write to it, since whoever can write to the directory can replace the socket file:
+
+    * group- or world-writable without the sticky bit: refused (:class:`ControlError` naming
+      the directory and its mode). Another user could remove the daemon's socket and bind their
+      own in its place, and ``tradeagent ctl`` would send their commands to it.
+    * group- or world-writable with the sticky bit (``/tmp``): accepted with a warning. Others
+      cannot remove or rename a file they do not own there, and the socket file is made 0600
+      once bound, so nobody else can connect; but while no daemon runs another user may take the
+      socket's name (a daemon then refuses to start, and ``ctl`` may talk to their socket):
+      a directory only this user can write to is the safe place.
+    """
     path = ipc_path(endpoint)
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path.parent, 0o700)
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, mode=0o700)
+    except FileExistsError:
+        if not directory.is_dir():
+            raise ControlError(f"{directory}: exists and is not a directory (for the socket)") from None
+        _check_shared(directory)
+    except OSError as exc:
+        raise ControlError(f"{directory}: cannot create the socket's directory: {exc}") from None
+    else:
+        os.chmod(directory, 0o700)  # mkdir's mode passes through the umask
     if _listened_on(path):
         raise ControlError(
             f"{path}: a running process listens on this socket, so it was left alone "
             "(another daemon on this endpoint? give each daemon its own data_dir or endpoints)"
         )
     path.unlink(missing_ok=True)
+
+
+def _check_shared(directory: Path) -> None:
+    """Refuse (or warn about) an existing socket directory others may write to: see
+    :func:`prepare_ipc`."""
+    mode = directory.stat().st_mode
+    if not mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
+    shown = f"{stat.S_IMODE(mode):04o}"
+    if not mode & stat.S_ISVTX:
+        raise ControlError(
+            f"{directory} (mode {shown}) is writable by other users, who could replace the socket "
+            "in it: put the socket in a directory only this user can write to (the default, "
+            "<data_dir>/run, is created 0700)"
+        )
+    log.warning(
+        "%s (mode %s) is shared with other users: they cannot replace the socket there, but can take "
+        "its name while no daemon runs; a directory only this user can write to (the default, "
+        "<data_dir>/run) is safer",
+        directory,
+        shown,
+    )
 
 
 def _listened_on(path: Path) -> bool:

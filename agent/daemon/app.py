@@ -25,8 +25,9 @@ Guarantees:
   ordered write queue (see :meth:`Daemon._place`).
 * **Ledger writes wait, never dropped**, while the database refuses them (unavailable, or its
   disk full: a ``database`` halt whose reason names the cause and the path): in memory up to
-  ``daemon.write_queue``, then in the spill file in ``daemon.spill_dir``; they are persisted in
-  order when the database accepts writes again, and the halt clears once all are.
+  ``daemon.write_queue``, then in the spill file in ``daemon.spill_dir`` (all of them at once
+  when the disk is full, so that a kill meanwhile loses none); they are persisted in order when
+  the database accepts writes again, and the halt clears once all are.
 * **Stale decisions are dropped and counted**: when the decision task falls behind, the queue
   keeps the newest ``daemon.decision_queue`` bar closes; a bar whose record arrived more than
   ``daemon.stale_decision_ms`` ago is still pushed through the model (windows stay complete)
@@ -95,7 +96,7 @@ from feeds.dbn.framing import concat_mbp10
 from feeds.features import BarFrame, IncrementalFeatures
 from feeds.records import PRICE_SCALE
 from feeds.sources import HealthEvent, HealthKind, RecordBatch, Source, SourceEvent, build_source
-from storage.errors import DatabaseUnavailable, InvalidRecord, LeaseHeld, StorageError
+from storage.errors import DatabaseUnavailable, DiskFull, InvalidRecord, LeaseHeld, StorageError
 from storage.records import InstrumentInfo, OrderStatus, instrument_set_key
 from storage.schema import open_database
 
@@ -360,7 +361,7 @@ class Daemon:
         database that still refuses them stops the start; the file stays for the next one."""
         sql = self._sql
         assert sql is not None
-        kept = self._writes.adopt(sql.database.display_url)
+        kept = self._writes.adopt(sql.database.display_url, database_file=sql.database.sqlite_path)
         if not kept:
             return
         log.warning("persisting the %d ledger writes a previous process kept in %s", kept, self._writes.path)
@@ -474,7 +475,20 @@ class Daemon:
         try:
             self._writes.keep()
         except SpillError as exc:
-            log.critical("%d ledger writes were neither persisted nor kept: %s", pending, exc)
+            if final:
+                log.critical(
+                    "%d ledger writes could be neither persisted nor kept in the spill file (%s): "
+                    "they are lost with this process; make room in daemon.spill_dir, best on "
+                    "another disk than the database",
+                    pending,
+                    exc,
+                )
+            else:
+                log.error(
+                    "%d ledger writes not in the spill file yet (%s): retried after the teardown",
+                    pending,
+                    exc,
+                )
             return True
         if final and pending:
             log.error(
@@ -874,6 +888,8 @@ class Daemon:
                 try:
                     self._apply(await self._write_head())
                 except (StorageError, SpillError) as exc:
+                    if isinstance(exc, DiskFull):  # no quick recovery: on disk now, a kill loses nothing
+                        self._writes.spill()
                     self._set_halt("database", self._backlog_reason(exc))
                     await asyncio.sleep(self.config.daemon.db_retry_s)
                     continue

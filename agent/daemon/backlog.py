@@ -11,17 +11,24 @@ disk full) the entries wait here:
   encoding) and from then on new entries are appended to it. The file holds every pending
   entry (behind those already persisted); memory holds a window at its head, refilled from the
   file as the head is persisted; the file is removed once everything in it is persisted.
+* :meth:`Backlog.spill` puts every pending entry in the file at once, whatever the bound: the
+  daemon calls it when the database's disk is full (space comes back when someone frees it, not
+  in milliseconds), so that a process killed meanwhile loses nothing it was told.
 * :meth:`Backlog.keep` (the stop path) rewrites the file with exactly the pending entries and
-  fsyncs it; :meth:`Backlog.adopt` (the next start) takes a previous process's file as the
-  queue, which the daemon persists before it reads the ledger back and trades. Persisting an
-  entry twice is harmless: orders are keyed by client order id, fills by fill id, and an order
-  update repeated changes nothing.
+  fsyncs it (when the rewrite cannot be written, an existing file that holds every pending entry
+  is fsynced as it is); :meth:`Backlog.adopt` (the next start) takes a previous process's file
+  as the queue, which the daemon persists before it reads the ledger back and trades. Persisting
+  an entry twice is harmless: orders are keyed by client order id, fills by fill id, and an
+  order update repeated changes nothing (a terminal state is kept).
 * When the file cannot be written (its disk full too, permissions), entries stay in memory past
-  the bound, behind the file's, until the queue has emptied: never dropped (logged).
+  the bound, behind the file's, until the queue has emptied: never dropped (logged). A full
+  disk under a SQLite ledger fills the spill file's disk too when both are one filesystem, so
+  :meth:`Backlog.adopt` warns at start when they are (see :func:`shared_disk`).
 
-A new spill file is written to a temporary file and renamed into place, appends are plain
-``write`` calls: a process kill loses nothing that was written. :meth:`Backlog.keep` also
-fsyncs the file and its directory, so that what a stop kept survives a power loss.
+A new spill file is written, owner-only (0600: it holds the account's orders and fills), to a
+temporary file and renamed into place; appends are plain ``write`` calls: a process kill loses
+nothing that was written. :meth:`Backlog.spill` and :meth:`Backlog.keep` also fsync the file and
+its directory, so that what they wrote survives a power loss.
 """
 
 from __future__ import annotations
@@ -42,7 +49,16 @@ from agent.errors import AgentError
 from agent.execution.protocol import Ack, Cancelled, Fill, Reject
 from storage.records import NewOrder as LedgerOrder
 
-__all__ = ["Backlog", "Entry", "OrderRows", "SpillError", "SpillHeader", "read_spill", "spill_path"]
+__all__ = [
+    "Backlog",
+    "Entry",
+    "OrderRows",
+    "SpillError",
+    "SpillHeader",
+    "read_spill",
+    "shared_disk",
+    "spill_path",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +108,30 @@ _header_decoder = msgspec.json.Decoder(SpillHeader)
 def spill_path(config: DaemonConfig, data_dir: str) -> Path:
     """The spill file: in ``daemon.spill_dir``, by default ``<data_dir>/spill``."""
     return Path(config.spill_dir or Path(data_dir) / "spill") / SPILL_NAME
+
+
+def shared_disk(spill_dir: Path, database_file: Path | None) -> str | None:
+    """The start's warning when ``spill_dir`` is on the filesystem of a SQLite ledger
+    (``database_file``; ``None`` for a server database), else ``None``.
+
+    A warning, not a refusal: the default layout (``<data_dir>/spill`` beside
+    ``<data_dir>/tradeagent.db``) is one filesystem, and the spill file still carries the
+    writes while the database is unavailable or locked and at a stop past its deadline; only a
+    full disk under the ledger takes the spill file's room too, and then the pending writes
+    live in memory until space is freed (lost if the process is killed meanwhile)."""
+    if database_file is None:
+        return None
+    try:
+        same = spill_dir.stat().st_dev == database_file.parent.stat().st_dev
+    except OSError:
+        return None
+    if not same:
+        return None
+    return (
+        f"daemon.spill_dir {spill_dir} is on the filesystem of the SQLite ledger {database_file}: "
+        "if that disk fills, the ledger writes the database refuses cannot be spilled either and "
+        "wait in memory (a kill loses them); set daemon.spill_dir to a directory on another disk"
+    )
 
 
 def read_spill(path: Path) -> tuple[SpillHeader, Iterator[Entry]]:
@@ -167,7 +207,8 @@ class Backlog:
         """The database named in the header of a new spill file (set by :meth:`adopt`)."""
         self.reported: collections.Counter[str] = collections.Counter()
         self.kinds: collections.Counter[str] = collections.Counter()
-        """Pending entries by kind (orders, acks, fills, cancels, rejects)."""
+        """What waits, by kind: order rows (``orders``: an entry holds a decision's orders, one or
+        more), acks, fills, cancels, rejects."""
         self._memory: collections.deque[tuple[Entry, int]] = collections.deque()
         """The head of the queue; each entry with its line's length in the file (0: not in it)."""
         self._tail: collections.deque[Entry] = collections.deque()
@@ -248,9 +289,22 @@ class Backlog:
             self._spill_failed = False
         return entry
 
+    def spill(self) -> None:
+        """Put every pending entry in the spill file now, whatever the bound (fsynced), and
+        append the next ones to it: the database's disk is full, and a process killed before it
+        takes them again must lose nothing. Nothing to do while the file holds them already;
+        when it cannot be written the entries stay in memory (logged once per backlog)."""
+        if self._fd is not None or not self or self._spill_failed:
+            return
+        try:
+            self._spill(durable=True)
+        except SpillError as exc:
+            self._spill_failed = True
+            log.error("%s; the %d pending ledger writes stay in memory only", exc, len(self))
+
     def _count(self, entry: Entry, step: int) -> None:
         kind = _KINDS[type(entry)]
-        self.kinds[kind] += step
+        self.kinds[kind] += step * len(entry.rows) if isinstance(entry, OrderRows) else step
         if not self.kinds[kind]:
             del self.kinds[kind]
         if not isinstance(entry, OrderRows):
@@ -306,9 +360,10 @@ class Backlog:
 
     # -- the file across processes ---------------------------------------------------------------
 
-    def adopt(self, database: str) -> int:
-        """At start, before anything is queued: create ``spill_dir`` (0700) if needed and take a
-        previous process's spill file as the queue, validated whole (a header of this
+    def adopt(self, database: str, *, database_file: Path | None = None) -> int:
+        """At start, before anything is queued: create ``spill_dir`` (0700) if needed, warn when
+        it shares the filesystem of the SQLite ledger ``database_file`` (:func:`shared_disk`)
+        and take a previous process's spill file as the queue, validated whole (a header of this
         ``database`` and account, then ledger writes only). Returns how many entries it holds.
         :class:`SpillError` names the file or directory and the remedy."""
         self.database = database
@@ -322,6 +377,9 @@ class Backlog:
                 f"daemon.spill_dir: {directory} is not writable by this user: fix its permissions "
                 "or set another directory"
             )
+        warning = shared_disk(directory, database_file)
+        if warning is not None:
+            log.warning("%s", warning)
         try:
             self._temporary().unlink(missing_ok=True)  # a rewrite the previous process did not finish
             if not self.path.exists():
@@ -350,8 +408,12 @@ class Backlog:
 
     def keep(self) -> int:
         """The stop path: rewrite the spill file with exactly the pending entries, fsynced, for
-        the next start to replay (none pending: no file). Returns how many it holds;
-        :class:`SpillError` when it cannot be written (the entries stay where they were)."""
+        the next start to replay (none pending: no file). Returns how many it holds. When the
+        rewrite cannot be written but the file holds every pending entry already (nothing waits
+        behind it in memory), that file is fsynced and kept as it is: the entries before the
+        pending ones were persisted, and the next start persisting them again changes nothing.
+        :class:`SpillError` when the pending entries cannot all be kept (they stay where they
+        were)."""
         if not self:
             if self._fd is not None:
                 self._close_file(remove=True)
@@ -361,12 +423,33 @@ class Backlog:
             self._spill_failed = False
             return len(self)
         tail = list(self._tail)
-        self._rewrite(itertools.chain(self._pending_bytes(), (_line(e) for e in tail)), durable=True)
+        try:
+            self._rewrite(itertools.chain(self._pending_bytes(), (_line(e) for e in tail)), durable=True)
+        except SpillError as exc:
+            if tail:
+                raise
+            self._sync_in_place(exc)
+            return len(self)
         self._loaded = self._consumed + sum(size for _, size in self._memory)
         self._unloaded += len(tail)
         self._tail.clear()
         self._spill_failed = False
         return len(self)
+
+    def _sync_in_place(self, failed: SpillError) -> None:
+        """:meth:`keep`'s fallback: fsync the spill file as it stands (it holds every pending
+        entry); :class:`SpillError` when even that fails."""
+        assert self._fd is not None
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise SpillError(f"{self.path}: cannot write the spill file: {exc}") from None
+        log.warning(
+            "%s (%s): kept as it is, fsynced; it holds the pending ledger writes behind some already "
+            "persisted, which the next start writes again (changing nothing)",
+            self.path,
+            failed,
+        )
 
     def close(self) -> None:
         """Close the spill file (it stays, with what it holds)."""
@@ -394,7 +477,10 @@ class Backlog:
         temporary = self._temporary()
         header = _line(SpillHeader(version=_VERSION, database=self.database, account=self.account))
         try:
-            with temporary.open("wb") as out:
+            temporary.unlink(missing_ok=True)
+            created = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            os.fchmod(created, 0o600)  # owner-only whatever the umask
+            with os.fdopen(created, "wb") as out:
                 out.write(header)
                 for chunk in body:
                     out.write(chunk)

@@ -13,11 +13,12 @@ Lifecycle (STYLE item 6)::
                        +---error---> FAULTED <--error (the iterator re-raises it as FeedError)
 
 ``start`` and ``stop`` drive the table; subclasses implement ``_start``, ``_stop`` and
-``_next``. ``stop`` is idempotent and safe from any state. Sources fed from callbacks or other
-threads derive from :class:`QueuedSource`, whose bounded queue drops record batches (counted,
-reported once per episode as a ``DROPPED`` health event) when the consumer falls behind, but
-never drops a health event, and which reports a ``STALE`` event when nothing arrives for
-``stale_after_s``.
+``_next``. :meth:`Source.resume_after` makes a source skip what a stream already holds
+(:mod:`feeds.sources.resume`: a restarted relay). ``stop`` is idempotent and safe from any
+state. Sources fed from callbacks or other threads derive from :class:`QueuedSource`, whose
+bounded queue drops record batches (counted, reported once per episode as a ``DROPPED`` health
+event) when the consumer falls behind, but never drops a health event, and which reports a
+``STALE`` event when nothing arrives for ``stale_after_s``.
 
 What a source passes on (:meth:`Source._screen`, every batch of every source): with
 ``instruments`` given (what a daemon or a gateway trades), records of any other instrument are
@@ -48,6 +49,7 @@ from feeds.dbn.framing import take_mbp10
 from feeds.errors import FeedError
 from feeds.health import ArrivalClock, TimeRegression, single_instrument
 from feeds.sources.events import BatchPart, HealthEvent, HealthKind, RecordBatch, SourceCounters, SourceEvent
+from feeds.sources.resume import ResumeFilter
 
 __all__ = ["QueuedSource", "Source", "SourceState"]
 
@@ -79,6 +81,7 @@ class Source(abc.ABC):
         self._arrival = ArrivalClock()
         self._reported: set[tuple[str, str | int]] = set()
         """The datasets, symbols and instruments whose refusal was reported (once each)."""
+        self._resume: ResumeFilter | None = None
         self._state = SourceState.NEW
 
     @property
@@ -147,6 +150,23 @@ class Source(abc.ABC):
     ) -> None:
         await self.stop()
 
+    def resume_after(self, resume: ResumeFilter) -> None:
+        """From now on, drop the records ``resume`` drops (those a stream already holds: the
+        source of a restarted relay), where they enter the source and before anything else
+        (a paced replay drops them before its pacing, so they cost no time); ``resume.skipped``
+        counts them. Call it after :meth:`start`, before the first event."""
+        self._resume = None if resume.done else resume
+
+    def _skip_resumed(self, records: np.ndarray) -> np.ndarray:
+        """``records`` without those :meth:`resume_after` drops."""
+        resume = self._resume
+        if resume is None:
+            return records
+        records = resume.apply(records)
+        if resume.done:
+            self._resume = None
+        return records
+
     def _screen(self, records: np.ndarray) -> tuple[np.ndarray, list[HealthEvent]]:
         """What the consumer gets of ``records`` (see the module docstring): the records of the
         configured instruments, and the health events to deliver before them."""
@@ -184,13 +204,25 @@ class Source(abc.ABC):
         """Count ``count`` records refused for their ``what`` (``key``: the dataset, symbol or
         instrument id); the first refusal of a key is logged and returns its ``MISMATCH`` event
         (``detail`` names both sides and the remedy), later ones only count."""
+        if not self._count_refused(what, key, count):
+            return None
+        return self._refusal(what, key, count, detail)
+
+    def _count_refused(self, what: Literal["dataset", "instrument"], key: str | int, count: int) -> bool:
+        """Count ``count`` refused records; True for the first refusal of ``key`` (to report)."""
         if what == "dataset":
             self.counters.rejected_dataset_records += count
         else:
             self.counters.rejected_instrument_records += count
         if (what, key) in self._reported:
-            return None
+            return False
         self._reported.add((what, key))
+        return True
+
+    def _refusal(
+        self, what: Literal["dataset", "instrument"], key: str | int, count: int, detail: str
+    ) -> HealthEvent:
+        """The logged ``MISMATCH`` event of a key's first refusal (counted already)."""
         log.warning("%s: %s", self.name, detail)
         return HealthEvent(
             HealthKind.MISMATCH,
@@ -279,7 +311,7 @@ class QueuedSource(Source):
     ) -> bool:
         """Screen (:meth:`Source._screen`) and queue one batch (loop thread only); returns False
         if it was dropped (queue full)."""
-        records, events = self._screen(records)
+        records, events = self._screen(self._skip_resumed(records))
         for event in events:
             self._push(event)
         n = int(records.shape[0])

@@ -178,7 +178,9 @@ class NatsSession:
     async def ensure_stream(self, stream: str, max_age_s: float) -> None:
         """Create the market-data stream (file storage, subjects ``md.mbp10.>``) if missing.
 
-        An existing stream is left as it is, provided it records the bus subjects.
+        An existing stream is left as it is, provided it records the bus subjects; one that does
+        not (another application's stream of that name) is refused with :class:`FeedError`,
+        naming its subjects and the remedy, and left untouched.
         """
         js = self.js
         try:
@@ -197,7 +199,9 @@ class NatsSession:
         subjects = info.config.subjects or []
         if not set(stream_subjects()) <= set(subjects):
             raise FeedError(
-                f"JetStream stream {stream!r} exists but records {subjects}, not {stream_subjects()}"
+                f"JetStream stream {stream!r} exists but records {subjects}, not {stream_subjects()}: "
+                "it is not the market-data stream; set feeds.source.stream to another name (it is "
+                f"created), or add {', '.join(stream_subjects())} to that stream's subjects"
             )
 
     async def retry(self, call: Callable[[], Awaitable[_T]], attempts: int = 20) -> _T:

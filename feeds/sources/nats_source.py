@@ -33,13 +33,22 @@ Modes (``SourceConfig.nats_mode``):
 Every disconnect is reported as ``DISCONNECTED`` and every reconnect as ``RECONNECTED``
 (``disconnected_at_ns``/``reconnected_at_ns``) once the subscriptions are re-established.
 
-What does not match the configuration never reaches the consumer. A JetStream consumer filtered
-on several subjects (``symbols`` given) needs nats-server 2.10: an older server ignores the filter
-and delivers every dataset of the stream, so :meth:`NatsSource.start` refuses it, naming the
-server's version, the stream and the subjects. Every message's subject is checked again on
-receipt (:class:`~feeds.sources.subjects.SubjectFilter`): one of another dataset or symbol is
-counted (``rejected_dataset_records``/``rejected_instrument_records``, its payload's records)
-and reported once per dataset or symbol as ``MISMATCH``, never decoded. While the feed is stale
+What does not match the configuration never reaches the consumer. A durable consumer found on
+the server with another filter than the configured subjects (the daemon restarted with another
+``feeds.source.dataset`` or ``symbols`` on the same ``durable``) is deleted and re-created on the
+configured subjects, delivering from the start of the stream as a new durable does (its
+position was one in another feed), with a warning naming the durable and its old filter. A
+JetStream consumer filtered on several subjects (``symbols`` given) needs nats-server 2.10: an
+older server ignores the filter and delivers every dataset of the stream, so
+:meth:`NatsSource.start` refuses it, naming the server's version, the stream and the subjects.
+Every message's subject is checked again on receipt
+(:class:`~feeds.sources.subjects.SubjectFilter`): one of another dataset or symbol is counted
+(``rejected_dataset_records``/``rejected_instrument_records``, its payload's records) and
+reported once per dataset or symbol as ``MISMATCH``, never decoded. Its detail says why it came,
+from the consumer's filter as the server holds it then: the configured one (the server did not
+apply it: an old server), none (re-created without one by another configuration, or dropped by
+an old server) or another one (another configuration re-created the durable under this
+source). While the feed is stale
 the stream is asked, every ``stale_after_s``, which subjects it holds: if none is this feed's
 but others are (a relay publishing ``SYNTH`` to a daemon configured for ``GLBX.MDP3``), a
 ``MISMATCH`` event, once per stale episode, names the datasets it holds and the remedy.
@@ -73,7 +82,7 @@ from feeds.sources.nats_session import MULTI_FILTER_VERSION, NatsSession, NatsUn
 from feeds.sources.nats_wire import SequenceTracker, parse_tags
 from feeds.sources.subjects import SUBJECT_ROOT, SubjectFilter, dataset_subjects, subject_dataset
 
-__all__ = ["NatsSource"]
+__all__ = ["NatsSource", "consumer_filter"]
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +91,18 @@ MAX_ACK_PENDING = 20_000
 EPHEMERAL_INACTIVE_S = 60.0
 PULL_EXPIRES_S = 1.0
 """A pull request expires after this long without being served in full (then the next goes out)."""
+EXPLAIN_TIMEOUT_S = 2.0
+"""How long a refusal's report waits for the consumer's filter from the server."""
 CORE_PENDING_MSGS = 65_536
 CORE_PENDING_BYTES = 512 * 1024 * 1024
 _HEARTBEAT = "100"
+
+
+def consumer_filter(config: ConsumerConfig) -> tuple[str, ...]:
+    """The subjects a consumer's configuration filters on (empty: every subject of the stream)."""
+    if config.filter_subjects:
+        return tuple(config.filter_subjects)
+    return (config.filter_subject,) if config.filter_subject else ()
 
 
 class NatsSource(QueuedSource):
@@ -148,6 +166,10 @@ class NatsSource(QueuedSource):
         self._resubscribe = False
         self._outage: tuple[int, int] | None = None
         self._unacked: collections.deque[tuple[int, Msg]] = collections.deque()
+        self._server_filter: tuple[str, ...] = ()
+        """The consumer's filter as the server answered when it was last bound."""
+        self._explaining: set[asyncio.Task[None]] = set()
+        """Lookups of the consumer's filter for a refusal's detail (:meth:`_explain_refusal`)."""
 
     async def _start(self) -> None:
         await self._session.connect()
@@ -177,7 +199,7 @@ class NatsSource(QueuedSource):
         log.info("%s: subscribed to %s", self.name, self.subjects)
 
     async def _stop(self) -> None:
-        for task in (self._pull_task, self._probe):
+        for task in (self._pull_task, self._probe, *self._explaining):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -211,27 +233,52 @@ class NatsSource(QueuedSource):
     async def _bind_consumer(self) -> None:
         """Find the consumer (or create it) and bind a pull subscription to it.
 
-        Messages the server delivered but nobody acknowledged (to a process that died, or lost in
-        flight during an outage) would only come back after ``ack_wait`` and out of stream
-        order. So when the consumer has any, it is re-created to deliver again from its
-        acknowledgement floor, in order; what this process already took in is then skipped as
-        duplicates by stream sequence.
+        A consumer filtered on other subjects than the configured ones (a durable of another
+        dataset or symbol set: the configuration changed, or another one shares the name) is
+        deleted and created anew on the configured subjects, as a new consumer: its position
+        belonged to another feed (a warning names the durable and its old filter). Messages the
+        server delivered but nobody acknowledged (to a process that died, or lost in flight
+        during an outage) would only come back after ``ack_wait`` and out of stream order. So
+        when the consumer has any, it is re-created to deliver again from its acknowledgement
+        floor, in order; what this process already took in is then skipped as duplicates by
+        stream sequence.
         """
         session = self._session
         js = session.js
+        fresh = self.last_stream_seq + 1 if self.last_stream_seq else None
         create, start = False, None
         try:
             info = await session.retry(lambda: js.consumer_info(self.stream, self._consumer))
         except nats.js.errors.NotFoundError:
-            create, start = True, (self.last_stream_seq + 1 if self.last_stream_seq else None)
+            create, start = True, fresh
         else:
-            if info.num_ack_pending:
+            held = consumer_filter(info.config)
+            if set(held) != set(self.subjects):
+                create, start = True, fresh
+                log.warning(
+                    "%s: consumer %s on stream %s is filtered on %s, not on the configured %s "
+                    "(another feeds.source.dataset or symbols used it): re-creating it on the "
+                    "configured subjects, delivering %s",
+                    self.name,
+                    self._consumer,
+                    self.stream,
+                    ", ".join(held) or "no subject (the whole stream)",
+                    ", ".join(self.subjects),
+                    f"after stream sequence {self.last_stream_seq}"
+                    if fresh
+                    else ("from the start of the stream" if self.durable else "new messages"),
+                )
+            elif info.num_ack_pending:
                 floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
                 create, start = True, int(floor or 0) + 1
+            else:
+                self._server_filter = held
+            if create:
                 await session.retry(lambda: js.delete_consumer(self.stream, self._consumer))
         if create:
             config = self._consumer_config(start)
-            await session.retry(lambda: js.add_consumer(self.stream, config=config))
+            created = await session.retry(lambda: js.add_consumer(self.stream, config=config))
+            self._server_filter = consumer_filter(created.config)
             self._unacked.clear()  # handles of a previous consumer cannot be acknowledged
             log.info(
                 "%s: consumer %s (re)created, delivering from %s",
@@ -388,19 +435,74 @@ class NatsSource(QueuedSource):
         self._emit_records(records, seq, tags.part)
 
     def _refuse_subject(self, subject: str, what: Literal["dataset", "symbol"], records: int) -> None:
-        """A message outside this consumer's subjects (the server did not apply the filter)."""
+        """A message outside this source's subjects: counted; the first of its dataset or symbol
+        is reported, a JetStream consumer's after a look at its filter on the server
+        (:meth:`_explain_refusal`), which says why it came."""
+        kind: Literal["dataset", "instrument"] = "dataset" if what == "dataset" else "instrument"
         token = subject_dataset(subject) if what == "dataset" else subject.rsplit(".", 1)[-1]
-        detail = (
-            f"NATS subject {subject} is not one of {', '.join(self.subjects)} "
-            f"({'dataset' if what == 'dataset' else 'symbol'} {token}): its records are counted and "
-            "never traded; the server did not apply the consumer's filter (nats-server before "
-            "2.10 ignores a multi-subject filter): upgrade it"
+        key = f"{what}:{token}"
+        if not self._count_refused(kind, key, records):
+            return
+        if self.mode == "core":
+            reason = "the server delivered it outside this source's subscriptions"
+            detail = self._refusal_detail(subject, what, token, reason)
+            self._emit_health(self._refusal(kind, key, records, detail))
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._explain_refusal(subject, what, token, records), name=f"{self.name}-refusal"
         )
-        event = self._refuse(
-            "dataset" if what == "dataset" else "instrument", f"{what}:{token}", records, detail
+        self._explaining.add(task)
+        task.add_done_callback(self._explaining.discard)
+
+    async def _explain_refusal(
+        self, subject: str, what: Literal["dataset", "symbol"], token: str, records: int
+    ) -> None:
+        """Report the first refused message of a dataset or symbol with why the consumer
+        delivered it: its filter as the server holds it now is the configured one (the server
+        did not apply it: only then is its version blamed), none (another configuration
+        re-created the durable without one, or an old server dropped it: both named) or another
+        one (another configuration re-created the durable: named)."""
+        try:
+            info = await asyncio.wait_for(
+                self._session.js.consumer_info(self.stream, self._consumer), EXPLAIN_TIMEOUT_S
+            )
+        except (TimeoutError, FeedError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.debug("%s: cannot look up consumer %s: %r", self.name, self._consumer, exc)
+            held = self._server_filter
+        else:
+            held = consumer_filter(info.config)
+        try:
+            found = self._session.server_version
+        except FeedError:  # closed meanwhile
+            found = None
+        version = ".".join(map(str, found)) if found is not None else "an unknown version"
+        if set(held) == set(self.subjects):
+            reason = (
+                f"consumer {self._consumer} is filtered on these subjects, yet the server did not apply "
+                f"the filter (nats-server before 2.10 ignores a multi-subject filter; this one "
+                f"announces {version}): upgrade it"
+            )
+        elif not held:
+            reason = (
+                f"the server holds consumer {self._consumer} with no filter: another configuration "
+                "re-created it without one (give each configuration its own feeds.source.durable), "
+                f"or the server dropped the one it was given (nats-server before 2.10 does; this one "
+                f"announces {version})"
+            )
+        else:
+            reason = (
+                f"consumer {self._consumer} on stream {self.stream} is now filtered on {', '.join(held)}: "
+                "another configuration re-created it; give each configuration its own feeds.source.durable"
+            )
+        kind: Literal["dataset", "instrument"] = "dataset" if what == "dataset" else "instrument"
+        detail = self._refusal_detail(subject, what, token, reason)
+        self._emit_health(self._refusal(kind, f"{what}:{token}", records, detail))
+
+    def _refusal_detail(self, subject: str, what: str, token: str, reason: str) -> str:
+        return (
+            f"NATS subject {subject} is not one of {', '.join(self.subjects)} ({what} {token}): its "
+            f"records are counted and never traded; {reason}"
         )
-        if event is not None:
-            self._emit_health(event)
 
     @property
     def _stale_episode(self) -> int:

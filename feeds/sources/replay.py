@@ -8,6 +8,11 @@ one batch, and recorded gaps (overnight, outages) are replayed as they are, i.e.
 (scaled by N) without any event: a replayed gap looks exactly like the original one to the
 book's stale-feed check.
 
+After :meth:`~feeds.sources.base.Source.resume_after` (a restarted relay), the records the stream
+already holds are dropped as each chunk is read, before the pacing: the first record released
+starts the replay clock, so a restarted relay publishes at once instead of replaying the time
+its previous run took.
+
 With ``dataset`` given (what a daemon replays: ``feeds.source.dataset``), a file whose metadata
 names another dataset is read but its records are counted (``rejected_dataset_records``),
 reported once per dataset (``MISMATCH``) and never yielded; with ``instruments`` given, so are
@@ -101,6 +106,13 @@ class ReplaySource(Source):
                 if event is not None:
                     self._pending.append(event)
                 self._pos = len(self._chunk)
+            elif self._resume is not None:
+                # Records a stream already holds go before the pacing ever sees them.
+                kept = self._skip_resumed(self._chunk)
+                skipped = len(self._chunk) - len(kept)
+                self.counters.messages += skipped  # read from the files, as every record is
+                self.counters.bytes += skipped * self._chunk.itemsize
+                self._chunk = kept
         return self._chunk
 
     async def _next(self) -> SourceEvent | None:

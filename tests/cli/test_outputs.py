@@ -2,12 +2,16 @@
 
 The unwritable paths are ones that stop root too (tests may run as root, which ignores
 permission bits): a path through a regular file, a directory where a file must be, a file where
-a directory must be. Each case runs the real command through ``agent.cli.main`` and checks that
-nothing happened: no database, no data files, no summary.
+a directory must be. Each refused case runs ``tradeagent`` as a real subprocess (its exit code
+and the one line on its stderr are what a user sees) and checks that nothing happened: no
+database, no data files, no summary.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,17 +32,25 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "state"
-    monkeypatch.setenv("TRADEAGENT_DATA_DIR", str(path))
-    return path
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
 
 
-def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
+def _error(argv: list[str], data_dir: Path) -> str:
+    """``tradeagent ARGV`` in a subprocess with ``data_dir``: it must exit 2 with one line on
+    stderr, which is returned."""
+    result = subprocess.run(
+        [sys.executable, "-m", "agent.cli", *argv],
+        env={**os.environ, "TRADEAGENT_DATA_DIR": str(data_dir)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    err = result.stderr.strip()
+    assert result.returncode == 2, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert result.stdout == ""
     return err
 
 
@@ -55,48 +67,38 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     ids=["synth", "backtest", "train-summary", "train-report", "record", "demo"],
 )
 def test_a_path_through_a_file_stops_the_command_before_any_work(
-    case: tuple[list[str], str],
-    archive: Path,
-    data_dir: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    case: tuple[list[str], str], archive: Path, data_dir: Path, tmp_path: Path
 ) -> None:
     command, option = case
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     target = blocker / "sub" / ("out.json" if option != "--out" else "dir")
     argv = [part.format(archive=archive) for part in command] + [option, str(target)]
-    err = _error(capsys, argv)
+    err = _error(argv, data_dir)
     assert f"{option} {target}: cannot create the directory" in err
     assert f"{blocker} is a file" in err and "choose another path" in err
     assert not data_dir.exists()  # no database, no checkpoint store, no report: nothing ran
     assert blocker.read_text() == "not a directory"
 
 
-def test_the_wrong_kind_of_path_is_named(
-    archive: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_wrong_kind_of_path_is_named(archive: Path, data_dir: Path, tmp_path: Path) -> None:
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    err = _error(capsys, ["synth", "--days", "1", "--out", str(a_file)])
+    err = _error(["synth", "--days", "1", "--out", str(a_file)], data_dir)
     assert err.endswith(f"--out {a_file}: is a file, not a directory; choose a directory")
-    err = _error(capsys, ["train", "--data", str(archive), "--report", str(tmp_path)])
+    err = _error(["train", "--data", str(archive), "--report", str(tmp_path)], data_dir)
     assert err.endswith(f"--report {tmp_path}: is a directory; give a file name")
     assert not data_dir.exists()
 
 
-def test_the_defaulted_checkpoint_store_is_checked_too(
-    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_defaulted_checkpoint_store_is_checked_too(archive: Path, tmp_path: Path) -> None:
     """train writes the checkpoint store at its very end: a data_dir that cannot hold one (a
     regular file here) is refused before anything runs."""
     blocker = tmp_path / "state-file"
     blocker.write_text("x")
-    monkeypatch.setenv("TRADEAGENT_DATA_DIR", str(blocker))
     summary, report = tmp_path / "s.json", tmp_path / "r.html"
-    err = _error(
-        capsys, ["train", "--data", str(archive), "--summary", str(summary), "--report", str(report)]
-    )
+    argv = ["train", "--data", str(archive), "--summary", str(summary), "--report", str(report)]
+    err = _error(argv, blocker)
     assert err.startswith(f"tradeagent train: error: data_dir (checkpoint store) {blocker / 'checkpoints'}:")
     assert not summary.exists() and not report.exists()
 

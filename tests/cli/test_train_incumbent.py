@@ -1,9 +1,12 @@
 """A promoted checkpoint that cannot be loaded is found before any training, with the commands
-that fix it; ``train --promote --no-incumbent`` trains on and promotes over it."""
+that fix it (``tradeagent train`` run as a real process); ``train --promote --no-incumbent``
+trains on and promotes over it."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,24 +63,26 @@ def corrupt(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tupl
     return data_dir, sha, bytes(damaged)
 
 
+def _train_args(tiny: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--config",
+        str(tiny),
+        "train",
+        "--data",
+        str(data),
+        "--instruments",
+        "ES",
+        "--promote",
+        "--summary",
+        str(out / "summary.json"),
+        "--report",
+        str(out / "report.html"),
+        *extra,
+    ]
+
+
 def _train(tiny: Path, data: Path, out: Path, *extra: str) -> int:
-    return main(
-        [
-            "--config",
-            str(tiny),
-            "train",
-            "--data",
-            str(data),
-            "--instruments",
-            "ES",
-            "--promote",
-            "--summary",
-            str(out / "summary.json"),
-            "--report",
-            str(out / "report.html"),
-            *extra,
-        ]
-    )
+    return main(_train_args(tiny, data, out, *extra))
 
 
 def _runs_and_states(data_dir: Path) -> tuple[int, dict[str, str]]:
@@ -87,16 +92,24 @@ def _runs_and_states(data_dir: Path) -> tuple[int, dict[str, str]]:
 
 
 def test_a_corrupt_incumbent_stops_the_run_before_training_with_the_remedy(
-    tiny: Path, corrupt: tuple[Path, str, bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny: Path, corrupt: tuple[Path, str, bytes], tmp_path: Path
 ) -> None:
     data_dir, sha, damaged = corrupt
     # An archive without a single DBN file: any training would fail on it, so the incumbent's
-    # error proves the incumbent was checked first.
+    # error proves the incumbent was checked first. `tradeagent train` runs as a real process
+    # (TRADEAGENT_DATA_DIR from the fixture): its exit code and stderr are what a user sees.
     empty = tmp_path / "no-days"
     empty.mkdir()
-    assert _train(tiny, empty, tmp_path) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
+    result = subprocess.run(
+        [sys.executable, "-m", "agent.cli", *_train_args(tiny, empty, tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    err = result.stderr.strip()
+    assert result.returncode == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith(
         f"tradeagent train: error: the promoted checkpoint {sha[:12]} of ES cannot be the incumbent:"
     )

@@ -126,7 +126,9 @@ def write_config(path: Path, text: str) -> Config:
 
 class DaemonProcess:
     """``python -m agent.cli --config FILE run`` as a real subprocess (``module``: a module that
-    runs the CLI in a prepared process instead, e.g. ``tests.support.sqlite_full``)."""
+    runs the CLI in a prepared process instead, e.g. ``tests.support.sqlite_full``). ``env``
+    (added to this process's environment) reaches the daemon and :attr:`config`, which is the
+    configuration the daemon runs with (its control socket is where this one talks to it)."""
 
     def __init__(
         self,
@@ -138,9 +140,9 @@ class DaemonProcess:
     ) -> None:
         self.config_path = config_path
         self.module = module
-        self.config = load_config(config_path, env={})
-        self.log_path = log_path
         self._env = {**os.environ, **(env or {})}
+        self.config = load_config(config_path, env=self._env)
+        self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.client = ControlClient(
             control_endpoint(self.config.control, self.config.data_dir), timeout_s=5.0

@@ -6,12 +6,18 @@
   ``adopt``s it (the next start) gives them back in order with their kinds counted;
 * a spill file of another database or account, or with a line that is not a ledger write, is
   refused with a message naming the file; a spill directory that cannot be written keeps the
-  entries in memory past the bound, and ``keep`` writes them once it can.
+  entries in memory past the bound, and ``keep`` writes them once it can;
+* ``spill`` (a full database disk) puts every pending entry in the file (0600) at once, and a
+  process killed then leaves a file the next start adopts whole; ``keep`` that cannot rewrite
+  the file fsyncs it as it stands; a spill directory on the SQLite ledger's filesystem is
+  warned about at start.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -162,3 +168,71 @@ def test_an_unwritable_spill_directory_keeps_the_entries_in_memory_until_keep_ca
     assert backlog.keep() == 12
     assert list(read_spill(backlog.path)[1]) == entries
     assert _drain(backlog) == entries
+
+
+def test_spill_puts_every_pending_entry_on_disk_at_once_owner_only(tmp_path: Path) -> None:
+    """What the daemon does when the database's disk is full: the entries in memory go to the
+    spill file whatever the bound, later ones are appended, and a process killed then (nothing
+    closed, nothing kept) leaves a file the next start adopts whole."""
+    previous = os.umask(0o022)
+    try:
+        backlog = _backlog(tmp_path, bound=10_000)
+        entries = _entries(16)
+        for entry in entries[:5]:
+            backlog.append(entry)
+        assert not backlog.spilling
+        backlog.spill()
+        assert backlog.spilling and stat.S_IMODE(backlog.path.stat().st_mode) == 0o600
+        assert list(read_spill(backlog.path)[1]) == entries[:5]
+        for entry in entries[5:]:
+            backlog.append(entry)
+        backlog.spill()  # already on disk: nothing changes
+        assert backlog.describe()["pending"] == 16
+    finally:
+        os.umask(previous)
+    after_kill = Backlog(backlog.path, 3, account="paper")
+    assert after_kill.adopt(DATABASE) == 16  # the file as the appends left it: nothing kept or closed
+    backlog.close()  # the killed process's descriptors, closed by the OS (the file stays)
+    assert _drain(after_kill) == entries
+
+
+def test_keep_fsyncs_the_file_as_it_stands_when_it_cannot_be_rewritten(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    backlog = _backlog(tmp_path, bound=3)
+    entries = _entries(12)
+    for entry in entries:
+        backlog.append(entry)
+    for _ in range(5):
+        backlog.popleft()
+    before = backlog.path.read_bytes()
+    blocked = backlog.path.with_name(backlog.path.name + ".tmp")
+    blocked.mkdir()
+    (blocked / "in-the-way").write_text("x")  # the rewrite's temporary file cannot be made
+    assert backlog.keep() == 7
+    assert backlog.path.read_bytes() == before
+    assert "kept as it is, fsynced; it holds the pending ledger writes behind some already persisted" in (
+        caplog.text
+    )
+    backlog.close()
+    (blocked / "in-the-way").unlink()
+    blocked.rmdir()
+    again = Backlog(backlog.path, 3, account="paper")
+    assert again.adopt(DATABASE) == 12  # the 5 persisted ones again (harmless), then the 7
+    assert _drain(again) == entries
+
+
+def test_a_spill_directory_on_the_ledgers_filesystem_is_warned_about_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    database_file = tmp_path / "tradeagent.db"
+    backlog = Backlog(tmp_path / "spill" / "ledger-spill.jsonl", 3, account="paper")
+    assert backlog.adopt(DATABASE, database_file=database_file) == 0
+    assert (
+        f"daemon.spill_dir {tmp_path / 'spill'} is on the filesystem of the SQLite ledger {database_file}"
+    ) in caplog.text
+    assert "set daemon.spill_dir to a directory on another disk" in caplog.text
+    caplog.clear()
+    server = Backlog(tmp_path / "spill2" / "ledger-spill.jsonl", 3, account="paper")
+    assert server.adopt("postgresql+psycopg://trader:***@db/ledger", database_file=None) == 0
+    assert "daemon.spill_dir" not in caplog.text  # a server database: nothing on this disk

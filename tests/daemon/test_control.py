@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -124,6 +125,63 @@ async def test_a_client_of_another_user_is_refused(ipc_server: ControlServer) ->
     os.chmod(path, 0o666)
     client, raw = await asyncio.to_thread(_run_as_nobody, ipc_server.endpoint)
     assert (client, raw) == ("answered", "answered")
+
+
+async def test_a_shared_sticky_directory_keeps_its_mode_and_the_socket_stays_owner_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A socket in a directory like ``/tmp`` (1777): the directory is not locked down, a warning
+    says what remains, and the socket file alone keeps other users out."""
+    shared = Path(tempfile.mkdtemp(prefix="tradeagent-shared-"))
+    os.chmod(shared, 0o1777)
+    endpoint = f"ipc://{shared / 'control.sock'}"
+    ctx = zmq.asyncio.Context()
+    servers = ServerSockets(ctx, ControlConfig())
+    server = ControlServer(servers, endpoint, _status)
+    try:
+        server.start()
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+        assert stat.S_IMODE((shared / "control.sock").stat().st_mode) == 0o600
+        warning = f"{shared} (mode 1777) is shared with other users: they cannot replace the socket"
+        assert warning in caplog.text
+        assert (await asyncio.to_thread(_ask, endpoint))["command"] == "status"
+        client, raw = await asyncio.to_thread(_run_as_nobody, endpoint)
+        assert client.startswith("refused") and "permission denied" in client
+        assert raw == "no answer"
+    finally:
+        await server.close()
+        servers.close()
+        ctx.destroy(linger=0)
+        shutil.rmtree(shared)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722])
+def test_a_directory_others_may_write_to_is_refused_and_left_alone(tmp_path: Path, mode: int) -> None:
+    shared = tmp_path / "open"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    with pytest.raises(ControlError) as refused:
+        prepare_ipc(f"ipc://{shared / 'control.sock'}")
+    assert str(refused.value).startswith(
+        f"{shared} (mode {mode:04o}) is writable by other users, who could replace the socket in it"
+    )
+    assert stat.S_IMODE(shared.stat().st_mode) == mode
+    assert list(shared.iterdir()) == []
+
+
+def test_only_a_directory_it_creates_is_made_owner_only(tmp_path: Path) -> None:
+    previous = os.umask(0o022)
+    try:
+        mine = tmp_path / "a" / "run"
+        prepare_ipc(f"ipc://{mine / 'control.sock'}")
+        assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+        existing = tmp_path / "b"
+        existing.mkdir()
+        os.chmod(existing, 0o755)  # others may read it, not write to it: used as it is
+        prepare_ipc(f"ipc://{existing / 'control.sock'}")
+        assert stat.S_IMODE(existing.stat().st_mode) == 0o755
+    finally:
+        os.umask(previous)
 
 
 def _free_tcp() -> str:

@@ -10,15 +10,29 @@
 * SIGTERM while the disk is full (a real ``tradeagent run`` subprocess): exit code 1 and a
   message naming the spill file, which holds what the ledger lacks; the next start persists it
   before trading and removes it: the ledger is complete, nothing twice.
+
+And on a real small filesystem (a tmpfs mounted for the test: root, which CI is) holding the
+daemon's data directory and SQLite ledger, the spill directory elsewhere (no warning at start):
+
+* the disk filled mid-session and freed: the pending writes are spilled (0600) at once, far below
+  ``daemon.write_queue``; the daemon resumes by itself; after the stop the ledger holds exactly
+  the orders sent and the fills received;
+* the disk filled, then SIGKILL: the spill file holds what the ledger lacks, and the next start
+  persists it: every order and fill the killed daemon counted is in the ledger.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import re
 import sqlite3
+import stat
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -30,6 +44,7 @@ from agent.daemon.backlog import OrderRows, read_spill
 from agent.execution.protocol import Fill
 from feeds.dbn import read_mbp10
 from storage import Journal, Ledger, open_database
+from tests.conftest import skip_or_fail
 from tests.daemon.support import (
     INSTRUMENTS,
     DaemonProcess,
@@ -40,7 +55,7 @@ from tests.daemon.support import (
     write_config,
 )
 from tests.daemon.test_daemon import running, wait_for
-from tests.daemon.test_session import _ledger_state, _relay, _stop
+from tests.daemon.test_session import _ledger_ids, _ledger_state, _relay, _relay_done, _settled, _stop
 from tests.support.nats_server import NatsServer
 from tests.support.sqlite_full import ENV, PageLimit, installed
 
@@ -54,14 +69,6 @@ def _setup(tmp_path: Path, source: str) -> tuple[Path, Config]:
     config = write_config(path, config_text(tmp_path / "data", source))
     install_model(config, *model_checkpoint())
     return path, config
-
-
-def _ledger_ids(config: Config) -> tuple[list[str], list[str]]:
-    """Every order's and every fill's id in the ledger (one row each)."""
-    with contextlib.closing(sqlite3.connect(Path(config.data_dir) / "tradeagent.db")) as db:
-        orders = [r[0] for r in db.execute("SELECT client_order_id FROM orders")]
-        fills = [r[0] for r in db.execute("SELECT fill_id FROM fills")]
-    return orders, fills
 
 
 async def _halts_during(daemon: Daemon, seconds: float) -> set[str]:
@@ -218,3 +225,169 @@ def test_sigterm_while_the_disk_is_full_keeps_the_writes_and_the_next_start_pers
         )
     finally:
         database.close()
+
+
+# ---------------------------------------------------------------- a real small filesystem
+
+SHARED_DISK_WARNING = "is on the filesystem of the SQLite ledger"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs mounted at ``tmp_path / "disk"`` for the test. Mounting needs root: CI
+    runs as root, so under ``CI=true`` a failure fails the test (naming the uid when it is not
+    root); elsewhere it skips."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0:
+        skip_or_fail(f"mounting a tmpfs needs root (CI runs as root; this run has uid {os.geteuid()})")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        skip_or_fail(f"cannot mount a tmpfs on {where} as root: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+
+
+def _fill(database: Path) -> Path:
+    """Fill the ledger's filesystem to its last block; the filler file, to delete to free it.
+
+    The WAL is checkpointed and truncated first: SQLite writes into a WAL file's existing
+    length without asking for a block, so only a WAL that must grow meets the full disk."""
+    deadline = time.monotonic() + 30.0
+    with contextlib.closing(sqlite3.connect(database, timeout=30.0)) as connection:
+        while connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
+            assert time.monotonic() < deadline, "the WAL could not be checkpointed"
+    filler = database.parent / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        chunk = 1 << 20
+        while chunk:
+            try:
+                os.write(fd, bytes(chunk))
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                chunk //= 2
+    finally:
+        os.close(fd)
+    return filler
+
+
+def _small_disk_daemon(tmp_path: Path, disk: Path, nats: NatsServer) -> tuple[Path, Config, dict[str, str]]:
+    """A daemon whose data directory (SQLite ledger included) is on ``disk``, its spill
+    directory elsewhere, on a NATS feed; its config path, config and environment."""
+    source = f'kind = "nats"\nnats_url = "{nats.url}"\ndataset = "SYNTH"\ndurable = "daemon"'
+    path = tmp_path / "daemon.toml"
+    config = write_config(path, config_text(disk / "data", source))
+    install_model(config, *model_checkpoint())
+    return path, config, {"TRADEAGENT__DAEMON__SPILL_DIR": str(tmp_path / "spill")}
+
+
+def _disk_full_and_spilled(daemon: DaemonProcess, database: Path, spill: Path) -> None:
+    """Fill the ledger's disk once the daemon fills orders; wait for the ``database`` halt
+    naming the ledger and for every pending write to be in the spill file."""
+    daemon.wait_until(lambda s: s["counts"].get("fills", 0) >= 3)
+    filler = _fill(database)
+    assert filler.exists()
+    halted = daemon.wait_until(lambda s: "disk full at" in s["halts"].get("database", ""), 60)
+    assert f"disk full at {database} (database or disk is full)" in halted["halts"]["database"]
+    spilled = daemon.wait_until(lambda s: s["ledger_backlog"]["spill_file"] == str(spill), 30)
+    backlog = spilled["ledger_backlog"]
+    assert 0 < backlog["pending"] < daemon.config.daemon.write_queue  # spilled at once, not past the bound
+    assert stat.S_IMODE(spill.stat().st_mode) == 0o600
+
+
+def test_a_full_ledger_disk_mid_session_spills_at_once_and_resumes_by_itself(
+    tmp_path: Path, nats_server: NatsServer, small_disk: Path
+) -> None:
+    feed = tmp_path / "feed"
+    synth_feed(feed)
+    config_path, config, env = _small_disk_daemon(tmp_path, small_disk, nats_server)
+    database = Path(config.data_dir) / "tradeagent.db"
+    spill = tmp_path / "spill" / "ledger-spill.jsonl"
+    daemon = DaemonProcess(config_path, tmp_path / "daemon.log", env)
+    relay: subprocess.Popen[bytes] | None = None
+    try:
+        daemon.start()
+        relay = _relay(config_path, feed, pace=10.0)
+        _disk_full_and_spilled(daemon, database, spill)
+        orders = daemon.status()["counts"]["orders"]
+        (database.parent / "filler").unlink()
+        daemon.wait_until(lambda s: not s["halts"], 60)  # no ctl resume: by itself
+        daemon.wait_until(lambda s: s["counts"]["orders"] > orders, 60)  # trading again
+        _relay_done(relay, config_path)
+        status = _settled(daemon)
+        assert daemon.terminate() == 0, daemon.log_tail()
+    finally:
+        daemon.close()
+        if relay is not None:
+            _stop(relay)
+    log = daemon.log_tail(1_000_000)
+    assert SHARED_DISK_WARNING not in log
+    assert not spill.exists()
+    counts = status["counts"]
+    assert counts["fills"] == counts["fills_received"] > 3 and counts.get("duplicate_fills", 0) == 0
+    orders_ids, fill_ids = _ledger_ids(config)
+    assert len(orders_ids) == len(set(orders_ids)) == counts["orders"]
+    assert len(fill_ids) == len(set(fill_ids)) == counts["fills"]
+    positions, realised, _, _ = _ledger_state(config)
+    names = {s.instrument_id: s.symbol for s in INSTRUMENTS}
+    assert {names[i]: positions.get(i, 0) for i in names} == status["positions"]
+    assert realised == pytest.approx(status["realised_pnl"], abs=0.01)
+
+
+def test_sigkill_while_the_ledger_disk_is_full_loses_nothing_counted(
+    tmp_path: Path, nats_server: NatsServer, small_disk: Path
+) -> None:
+    feed = tmp_path / "feed"
+    synth_feed(feed)
+    config_path, config, env = _small_disk_daemon(tmp_path, small_disk, nats_server)
+    database = Path(config.data_dir) / "tradeagent.db"
+    spill = tmp_path / "spill" / "ledger-spill.jsonl"
+    daemon = DaemonProcess(config_path, tmp_path / "daemon.log", env)
+    restarted = DaemonProcess(config_path, tmp_path / "restarted.log", env)
+    relay = _relay(config_path, feed, pace=10.0)
+    try:
+        daemon.start()
+        _disk_full_and_spilled(daemon, database, spill)
+        before = daemon.status()["counts"]  # just before the kill
+        daemon.kill()
+        _, kept = read_spill(spill)
+        held = list(kept)
+        assert held  # the write the full disk refused, at least: on disk, though nothing was kept
+        kept_orders = {row.client_order_id for e in held if isinstance(e, OrderRows) for row in e.rows}
+        kept_fills = {e.fill_id for e in held if isinstance(e, Fill)}
+        (database.parent / "filler").unlink()
+        orders_before, fills_before = _ledger_ids(config)
+        ledger = open_database(config.storage, config.data_dir)
+        try:  # the operator halts before the restart: the next daemon persists, recovers, trades nothing
+            Journal(ledger).record_event("halt", "checking the ledger", details={"kind": "operator"})
+        finally:
+            ledger.close()
+        restarted.start()
+        assert not spill.exists()  # persisted, then removed
+        recovered = restarted.status()["recovered"]
+        assert restarted.terminate() == 0, restarted.log_tail()
+    finally:
+        daemon.close()
+        restarted.close()
+        _stop(relay)
+    assert f"persisting the {len(held)} ledger writes a previous process kept in {spill}" in (
+        restarted.log_tail(1_000_000)
+    )
+    orders, fills = _ledger_ids(config)
+    assert len(orders) == len(set(orders)) >= before["orders"]
+    assert len(fills) == len(set(fills)) >= before["fills_received"]
+    assert set(orders) >= set(orders_before) | kept_orders
+    assert set(fills) >= set(fills_before) | kept_fills
+    positions, _, _, _ = _ledger_state(config)
+    names = {s.instrument_id: s.symbol for s in INSTRUMENTS}
+    assert recovered["positions"] == {names[i]: positions.get(i, 0) for i in names}

@@ -1,9 +1,11 @@
 """One daemon per configuration and ledger, with real ``tradeagent`` subprocesses:
 
-* a second daemon on the same configuration exits 2 naming the first one's pid and host,
-  touches none of its sockets (``tradeagent ctl status`` still answers the first), and the
-  operator's halt and resume through ``tradeagent ctl`` are in the first one's log; the data
-  directory, ledger and lock file it created are owner-only;
+* a second daemon on the same configuration, started while the first one trades, exits 2
+  naming the first one's pid and host in one line, touches none of its sockets (``tradeagent
+  ctl status`` still answers the first, which trades on), and the operator's halt and resume
+  through ``tradeagent ctl`` are in the first one's log; the data directory, ledger and lock
+  file it created are owner-only; after the first one's stop the ledger holds exactly the
+  orders and fills it counted;
 * a daemon of another data directory sharing the PostgreSQL ledger is refused by the lease,
   and starts once the first stopped cleanly (which released it);
 * a SIGKILLed daemon blocks nothing: the next start takes its lease over and closes its
@@ -34,7 +36,16 @@ from agent.daemon.app import Daemon
 from storage import Journal, Leases, open_database
 from storage.errors import NotFound
 from storage.models import DaemonLease
-from tests.daemon.support import DaemonProcess, config_text, synth_feed, write_config
+from tests.daemon.support import (
+    INSTRUMENTS,
+    DaemonProcess,
+    config_text,
+    install_model,
+    model_checkpoint,
+    synth_feed,
+    write_config,
+)
+from tests.daemon.test_session import _ledger_ids, _ledger_state, _settled
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +59,12 @@ def feed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _config(where: Path, feed: Path, *, storage_url: str = "") -> tuple[Path, Config]:
-    """A daemon configuration replaying ``feed`` in real time (no model: it runs, halted)."""
+def _config(where: Path, feed: Path, *, storage_url: str = "", pace: float = 1.0) -> tuple[Path, Config]:
+    """A daemon configuration replaying ``feed`` at ``pace`` x real time (no model: it runs,
+    halted, until one is installed)."""
     where.mkdir(parents=True, exist_ok=True)
     path = where / "paper.toml"
-    source = f'kind = "replay"\npath = "{feed}"\npace = 1.0'
+    source = f'kind = "replay"\npath = "{feed}"\npace = {pace}'
     return path, write_config(path, config_text(where / "data", source, storage_url=storage_url))
 
 
@@ -80,18 +92,23 @@ def _mode(path: Path) -> int:
 
 @pytest.mark.usefixtures("umask")
 def test_a_second_daemon_on_one_config_exits_2_and_leaves_the_first_alone(tmp_path: Path, feed: Path) -> None:
-    config_path, config = _config(tmp_path, feed)
+    config_path, config = _config(tmp_path, feed, pace=10.0)  # the 5-minute session in ~30 s
+    install_model(config, *model_checkpoint())
     first = DaemonProcess(config_path, tmp_path / "first.log")
     try:
         first.start()
         assert first.proc is not None
-        second = _cli(config_path, "run")
+        trading = first.wait_until(lambda s: s["counts"].get("fills", 0) >= 1)
+        second = _cli(config_path, "run")  # while the first one trades
         assert second.returncode == 2, second.stderr
-        assert f"daemon.lock is held by another daemon (pid {first.proc.pid} on host {HOST})" in second.stderr
+        refusal = second.stderr.strip()
+        assert len(refusal.splitlines()) == 1 and "Traceback" not in refusal, refusal
+        assert f"daemon.lock is held by another daemon (pid {first.proc.pid} on host {HOST})" in refusal
         status = _cli(config_path, "ctl", "status", "--json")
         assert status.returncode == 0, status.stderr
         session_id = json.loads(status.stdout)["session_id"]
         assert json.loads(status.stdout)["state"] == "running"
+        first.wait_until(lambda s: s["counts"]["orders"] > trading["counts"]["orders"])  # it trades on
         assert _cli(config_path, "ctl", "halt", "--reason", "news at 14:30").returncode == 0
         assert _cli(config_path, "ctl", "resume").returncode == 0
         log = first.log_tail(1_000_000)
@@ -101,9 +118,21 @@ def test_a_second_daemon_on_one_config_exits_2_and_leaves_the_first_alone(tmp_pa
         data = Path(config.data_dir)
         modes = {p.name: _mode(p) for p in (data, data / "tradeagent.db", data / "daemon.lock", data / "run")}
         assert modes == {"data": 0o700, "tradeagent.db": 0o600, "daemon.lock": 0o600, "run": 0o700}
+        settled = _settled(first)  # the feed replayed to its end, no order open
         assert first.terminate() == 0, first.log_tail()
     finally:
         first.close()
+    # The default layout: the spill directory shares the ledger's disk, which the start says.
+    assert "is on the filesystem of the SQLite ledger" in first.log_tail(1_000_000)
+    # The refused daemon touched nothing: the ledger is exactly what the first one counted.
+    counts = settled["counts"]
+    orders, fills = _ledger_ids(config)
+    assert len(orders) == len(set(orders)) == counts["orders"]
+    assert len(fills) == len(set(fills)) == counts["fills"] == counts["fills_received"] > 0
+    positions, realised, _, _ = _ledger_state(config)
+    names = {s.instrument_id: s.symbol for s in INSTRUMENTS}
+    assert {names[i]: positions.get(i, 0) for i in names} == settled["positions"]
+    assert realised == pytest.approx(settled["realised_pnl"], abs=0.01)
     database = open_database(config.storage, config.data_dir)
     try:
         assert Journal(database).session(session_id).end_reason == "stopped"

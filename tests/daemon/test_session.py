@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import subprocess
 import sys
 import time
@@ -217,8 +219,16 @@ def test_sigkill_then_restart_rebuilds_positions_and_orders_from_the_ledger(
     try:
         daemon.start()
         daemon.wait_until(lambda s: s["counts"].get("fills", 0) >= 5)
+        before = daemon.status()  # just before the kill
         daemon.kill()
         positions, realised, n_fills, _ = _ledger_state(config)
+        orders_after_kill = len(_ledger_ids(config)[0])
+        # Every fill it counted was committed first. Every order it sent is in the ledger but the
+        # rows still queued behind their send (paper orders: committed right behind, and lost
+        # with the simulated exchange that held them, never filled, if the process dies first).
+        assert n_fills >= before["counts"]["fills"]
+        queued_rows = before["ledger_backlog"]["kinds"].get("orders", 0)
+        assert orders_after_kill >= before["counts"]["orders"] - queued_rows
         restarted.start()
         recovered = restarted.status()["recovered"]
         assert recovered["positions"] == _symbols(positions)
@@ -235,7 +245,17 @@ def test_sigkill_then_restart_rebuilds_positions_and_orders_from_the_ledger(
         _stop(relay)
     positions2, _, n_fills2, fill_ids = _ledger_state(config)
     assert len(set(fill_ids)) == n_fills2 == n_fills + final["counts"]["fills"]
+    assert n_fills2 >= before["counts"]["fills"]
+    assert len(_ledger_ids(config)[0]) == orders_after_kill + final["counts"]["orders"]
     assert _symbols(positions2) == final["positions"]
+
+
+def _ledger_ids(config: Config) -> tuple[list[str], list[str]]:
+    """Every order's and every fill's id in the (SQLite) ledger, one per row."""
+    with contextlib.closing(sqlite3.connect(Path(config.data_dir) / "tradeagent.db")) as db:
+        orders = [r[0] for r in db.execute("SELECT client_order_id FROM orders")]
+        fills = [r[0] for r in db.execute("SELECT fill_id FROM fills")]
+    return orders, fills
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -6,12 +6,17 @@
 * Records of another dataset or of an instrument that is not configured are counted and never
   passed on (NATS and replay, real DBN bytes); a stale feed names the dataset the stream holds.
 * A time regression is reported at its first record, once per episode.
-* ``tradeagent relay`` killed mid-file and restarted resumes after the stream's last message:
-  the consumer sees every record once, in order, without a regression.
+* ``tradeagent relay`` killed mid-file and restarted at real-time pace resumes after the
+  stream's last message at once (the records it skips are not paced): the consumer sees every
+  record once, in order, without a regression.
 * SIGTERM stops the relay within its stop timeout, with the stream deleted under it and with a
   server that stops answering.
+* A durable consumer restarted on another dataset is re-created on its subjects (records
+  flow, the log names its old filter); one re-created under a running source by another
+  configuration is named in the refusal, not the server's version.
 * The daemon, fed SYNTH records through a server that ignores its filter, counts them in
-  ``ctl status``, places no order and names the mismatch in its log.
+  ``ctl status``, places no order and names the mismatch in its log; a publisher restarted from
+  an earlier point is one ``feed_time_regression`` in its counts.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from feeds.errors import FeedError
 from feeds.health import ArrivalClock
 from feeds.sources import HealthKind, RecordBatch, ReplaySource, SourceState
 from feeds.sources.nats_session import NatsSession
-from feeds.sources.nats_wire import MessageEncoder
+from feeds.sources.nats_wire import MessageEncoder, WireMessage
 from tests.daemon.support import (
     DaemonProcess,
     config_text,
@@ -144,12 +149,72 @@ async def test_a_server_ignoring_the_filter_feeds_no_record_of_another_dataset(
                 lambda c: c.received >= len(ours) and source.counters.rejected_dataset_records > 0
             )
             await sink.until(lambda c: source.counters.rejected_dataset_records == len(synth))
+            await sink.until(lambda c: HealthKind.MISMATCH in c.kinds())  # after a look at the consumer
             same_feed(sink.records, ours)
             assert sink.kinds() == [HealthKind.MISMATCH]  # once, for the dataset
             detail = sink.health[0].detail
             assert "NATS subject md.mbp10.SYNTH." in detail and "(dataset SYNTH)" in detail
-            assert "md.mbp10.GLBX-MDP3.ES, md.mbp10.GLBX-MDP3.NQ" in detail and "2.10" in detail
+            assert "md.mbp10.GLBX-MDP3.ES, md.mbp10.GLBX-MDP3.NQ" in detail
+            assert "the server holds consumer from-start with no filter" in detail
+            assert "or the server dropped the one it was given (nats-server before 2.10 does" in detail
             assert source.counters.rejected_instrument_records == 0
+
+
+async def test_a_durable_restarted_on_another_dataset_is_re_created_on_its_subjects(
+    nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ours = feed_records(300)
+    synth = feed_records(200, seed=5)
+    await relay_file(nats_server, write_feed(tmp_path / "ours.dbn", ours))
+    await relay_file(nats_server, write_dataset(tmp_path / "synth.dbn", synth, "SYNTH"))
+    async with Collector(nats_source(nats_server, durable="daemon")) as sink:
+        await sink.until(lambda c: c.received >= len(ours))
+        same_feed(sink.records, ours)
+    # The same durable, restarted with dataset SYNTH: it was filtered on GLBX.MDP3's subjects and
+    # would deliver nothing of SYNTH (a feed stale for ever); it is re-created on SYNTH's.
+    caplog.clear()
+    source = nats_source(nats_server, dataset="SYNTH", durable="daemon")
+    async with Collector(source) as sink:
+        await sink.until(lambda c: c.received >= len(synth))
+        same_feed(sink.records, synth)
+        assert sink.health == [] and source.counters.rejected_dataset_records == 0
+    assert (
+        "consumer daemon on stream MBP10 is filtered on md.mbp10.GLBX-MDP3.>, not on the configured "
+        "md.mbp10.SYNTH.> (another feeds.source.dataset or symbols used it): re-creating it on the "
+        "configured subjects, delivering from the start of the stream"
+    ) in caplog.text
+    # And back: GLBX.MDP3's records flow again, none of SYNTH's is delivered, nothing blames the
+    # server's version.
+    caplog.clear()
+    source = nats_source(nats_server, durable="daemon")
+    async with Collector(source) as sink:
+        await sink.until(lambda c: c.received >= len(ours))
+        same_feed(sink.records, ours)
+        assert sink.health == [] and source.counters.rejected_dataset_records == 0
+    assert "filtered on md.mbp10.SYNTH.>, not on the configured md.mbp10.GLBX-MDP3.>" in caplog.text
+    assert "2.10" not in caplog.text
+
+
+async def test_a_durable_re_created_under_a_running_source_is_named_in_the_refusal(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    synth = feed_records(200, seed=5)
+    source = nats_source(nats_server, durable="shared")
+    async with Collector(source) as sink:
+        # Another configuration (dataset SYNTH) starts on the same durable name: the consumer is
+        # re-created on SYNTH's subjects, and this source's pull requests now reach that one.
+        other = nats_source(nats_server, dataset="SYNTH", durable="shared")
+        await other.start()
+        await other.stop()
+        await relay_file(nats_server, write_dataset(tmp_path / "synth.dbn", synth, "SYNTH"))
+        await sink.until(lambda c: HealthKind.MISMATCH in c.kinds())
+        await sink.until(lambda c: source.counters.rejected_dataset_records == len(synth))
+        assert sink.kinds() == [HealthKind.MISMATCH] and sink.received == 0
+        detail = sink.health[0].detail
+        assert "NATS subject md.mbp10.SYNTH." in detail and "(dataset SYNTH)" in detail
+        assert "consumer shared on stream MBP10 is now filtered on md.mbp10.SYNTH.>" in detail
+        assert "give each configuration its own feeds.source.durable" in detail
+        assert "2.10" not in detail
 
 
 async def test_records_of_an_instrument_not_configured_never_reach_the_consumer(
@@ -258,38 +323,55 @@ async def test_a_time_regression_is_reported_at_its_first_record(nats_server: Na
 # ---------------------------------------------------------------- the relay: resume and stop
 
 
-def test_a_relay_killed_mid_file_resumes_after_the_streams_last_message(
+def test_a_relay_killed_mid_file_resumes_after_the_streams_last_message_at_once(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    records = feed_records(3000)
+    """Two kills, every relay paced at real time: the first mid-stream (publishes in flight),
+    the second while it sleeps through the file's recorded overnight gap. The third relay skips
+    everything the stream holds without pacing it: it publishes the next day's records at once,
+    where pacing the skipped ones would first wait out the replayed day."""
+    records = feed_records(1500, next_day_from=0.5)
+    first_day = len(records) // 2
     feed = write_feed(tmp_path / "feed.dbn", records)
     log = tmp_path / "relay.log"
 
     async def scenario() -> None:
         source = nats_source(nats_server, durable="daemon")
         async with Collector(source) as sink:
-            first = relay(feed, nats_server.url, tmp_path, pace=span_s(records) / 8, log=log)
+            first = relay(feed, nats_server.url, tmp_path, pace=1.0, log=log)
             try:
-                await sink.until(lambda c: c.received >= len(records) // 4)
-                first.send_signal(signal.SIGKILL)
-                first.communicate(timeout=30)
+                await sink.until(lambda c: c.received >= first_day // 4)
             finally:
-                if first.poll() is None:
-                    first.kill()
-            second = relay(feed, nats_server.url, tmp_path, pace=0, log=log)
-            out, _ = second.communicate(timeout=60)
-            assert second.returncode == 0, log.read_text()
+                first.kill()
+                first.communicate(timeout=30)
+            second = relay(feed, nats_server.url, tmp_path, pace=1.0, log=log)
+            try:
+                await sink.until(lambda c: c.received >= first_day)  # then it waits for the next day
+                assert second.poll() is None
+            finally:
+                second.kill()
+                second.communicate(timeout=30)
+            third = relay(feed, nats_server.url, tmp_path, pace=1.0, log=log)
+            try:
+                await sink.until(lambda c: c.received >= len(records))
+                out, _ = await asyncio.to_thread(third.communicate, timeout=60)
+            finally:
+                if third.poll() is None:
+                    third.kill()
+                    third.communicate(timeout=30)
+            assert third.returncode == 0, log.read_text()
             counters = json.loads(out)
-            assert 0 < counters["skipped_records"] < len(records)
-            assert counters["skipped_records"] + counters["records"] == len(records)
-            await sink.until(lambda c: c.received >= len(records))
+            assert counters["skipped_records"] == first_day
+            assert counters["records"] == len(records) - first_day
+            assert counters["source"]["records"] == len(records) - first_day
             same_feed(sink.records, records)
             assert source.counters.duplicates == 0
             assert source.counters.time_regressions == 0
             assert HealthKind.TIME_REGRESSION not in sink.kinds()
 
     asyncio.run(scenario())
-    assert "resuming after the stream's last records: ES at ts_recv" in log.read_text()
+    text = log.read_text()
+    assert text.count("resuming after the stream's last records: ES at ts_recv") == 2, text
 
 
 def test_sigterm_stops_the_relay_in_time_when_the_stream_is_deleted_under_it(
@@ -394,3 +476,46 @@ def test_the_daemon_never_trades_another_dataset_and_names_it(
     text = (tmp_path / "daemon.log").read_text()
     assert "NATS subject md.mbp10.SYNTH." in text
     assert "stream MBP10 holds messages of dataset SYNTH" in text and "set feeds.source.dataset" in text
+
+
+def test_the_daemon_counts_a_time_regression_once_per_episode(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A publisher restarted from an earlier point sends ES back in time: the daemon counts one
+    ``feed_time_regression`` (and its source one episode) at the first record behind, however
+    many records follow until the feed is past its latest time again."""
+    es = feed_records(300)
+    es = es[es["instrument_id"] == 1001]
+    first_run, _ = MessageEncoder(DATASET, batch_records=25).encode(es[:200], SYMBOLS)
+    replayed, _ = MessageEncoder(DATASET, batch_records=25).encode(es, SYMBOLS)  # from the start
+    source = f'kind = "nats"\nnats_url = "{nats_server.url}"\ndataset = "{DATASET}"\ndurable = "d"'
+    config_path = tmp_path / "daemon.toml"
+    write_config(config_path, config_text(tmp_path / "data", source))
+
+    async def publish(messages: list[WireMessage]) -> None:
+        publisher = NatsSession(nats_server.url, "test-publisher")
+        await publisher.connect()
+        try:
+            for message in messages:
+                await publisher.js.publish(message.subject, message.payload, headers=dict(message.headers))
+        finally:
+            await publisher.close()
+
+    daemon = DaemonProcess(config_path, tmp_path / "daemon.log")
+    try:
+        daemon.start()  # its source has created the stream
+        asyncio.run(publish([*first_run, replayed[0]]))
+        behind = daemon.wait_until(
+            lambda s: s["feed"]["records"] == 200 + 25 and s["counts"].get("feed_time_regression", 0) >= 1
+        )
+        assert behind["counts"]["feed_time_regression"] == 1
+        assert behind["feed"]["time_regressions"] == 1
+        asyncio.run(publish(replayed[1:]))
+        status = daemon.wait_until(lambda s: s["feed"]["records"] == 200 + len(es))
+        assert status["feed"]["time_regressions"] == 1  # one episode: the daemon got no second event
+        assert status["counts"]["feed_time_regression"] == 1
+        assert daemon.terminate() == 0, daemon.log_tail()
+    finally:
+        daemon.close()
+    log = daemon.log_tail(1_000_000)
+    assert log.count("feed time_regression: ES (1001): ts_recv went back") == 1, log

@@ -1,5 +1,6 @@
-"""The NATS source against a real nats-server: relay round trip, rejected messages, gaps, and a
-server killed and restarted mid-stream (JetStream and core)."""
+"""The NATS source against a real nats-server: relay round trip, rejected messages, gaps, a
+server killed and restarted mid-stream (JetStream and core), and a stream of the configured name
+that records other subjects (refused, left alone)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from feeds.config import RelayConfig
+from feeds.errors import FeedError
 from feeds.relay import Relay
 from feeds.sources import (
     HealthEvent,
@@ -250,3 +252,27 @@ async def test_an_unreachable_server_is_a_clear_feed_error(nats_server: NatsServ
     with pytest.raises(NatsUnavailable):
         await source.start()
     assert source.state is SourceState.FAULTED
+
+
+async def test_a_stream_of_that_name_recording_other_subjects_is_refused_and_left_alone(
+    nats_server: NatsServer,
+) -> None:
+    admin = NatsSession(nats_server.url, "test-admin")
+    await admin.connect()
+    try:
+        await admin.js.add_stream(name=STREAM, subjects=["orders.>"])  # another application's stream
+        with pytest.raises(FeedError) as refused:
+            await admin.ensure_stream(STREAM, 3600.0)
+        message = str(refused.value)
+        assert message.startswith(
+            "JetStream stream 'MBP10' exists but records ['orders.>'], not ['md.mbp10.>']: it is not "
+            "the market-data stream; set feeds.source.stream to another name"
+        )
+        assert len(message.splitlines()) == 1
+        source = nats_source(nats_server)
+        with pytest.raises(FeedError, match=r"exists but records \['orders\.>'\]"):
+            await source.start()
+        assert source.state is SourceState.FAULTED
+        assert (await admin.js.stream_info(STREAM)).config.subjects == ["orders.>"]
+    finally:
+        await admin.close()
