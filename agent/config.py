@@ -75,11 +75,28 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     control: ControlConfig = msgspec.field(default_factory=ControlConfig)
     schedule: ScheduleConfig = msgspec.field(default_factory=ScheduleConfig)
 
+    def __post_init__(self) -> None:
+        """Combinations across sections. Mid fills (``broker.fill_price = "mid"``, a control
+        experiment) must be charged by the sizing's cost gate as they are filled
+        (``policy.leg_price``), and only the CPU sizing (:func:`agent.policy.kelly.kelly_size_ref`)
+        reads ``leg_price``: the CUDA decision kernel charges half the spread a leg."""
+        if self.policy.leg_price != self.broker.fill_price:
+            raise ValueError(
+                f"policy.leg_price: {self.policy.leg_price!r} differs from broker.fill_price "
+                f"{self.broker.fill_price!r}: the cost gate must charge what the broker fills (set both)"
+            )
+        if self.broker.fill_price == "mid" and self.device != "cpu":
+            raise ValueError(
+                f"broker.fill_price: 'mid' needs device = \"cpu\" (got {self.device!r}): the CUDA "
+                "decision kernel's cost gate charges half the spread a leg"
+            )
+
 
 _PATH_RE = re.compile(r"at `\$((?:\.[A-Za-z0-9_]+|\[\d+\])*)`")
-_FIELD_RE = re.compile(r"^([a-z_][a-z0-9_]*): ")
+_FIELD_RE = re.compile(r"^([a-z_][a-z0-9_.]*): ")
 """A check in a struct's ``__post_init__`` that starts its message with ``<field>: `` names
-that field: the error is reported under the struct's key plus the field."""
+that field (a dotted path for a check across sections): the error is reported under the
+struct's key plus the field."""
 
 
 def _key_of(message: str) -> str:

@@ -5,9 +5,9 @@ The recorded feed is replayed as fast as possible by the daemon's own source
 in the same order, as in ``tradeagent run``: the incremental book/health/bar/feature builder
 (:class:`feeds.features.IncrementalFeatures`), the daemon's trading step
 (:class:`agent.trading.step.TradingStep`: the regime tracker with the learned floors, the
-batched inference engine with Thompson + Kelly x regime, the hard risk limits: position clamp,
-order rate on the feed clock, daily loss and drawdown breach = flatten and halt), the order
-manager, the paper broker
+batched inference engine with ``policy.selection`` + Kelly x regime, the hard risk limits:
+position clamp, order rate on the feed clock, daily loss and drawdown breach = flatten and
+halt, checked after every decision round), the order manager, the paper broker
 (:class:`agent.execution.broker.PaperBroker`: latency on the feed clock, book walk, IOC
 remainder, fees) and the SQL ledger in a throwaway SQLite database: every order is recorded
 before it is sent and every fill is committed before the position counts it.
@@ -223,8 +223,9 @@ class EventDriver:
                 self.orders.apply(report)
 
     def _decide(self, frame: BarFrame, now_ns: int, t0: int) -> None:
-        """Decide every bar of ``frame`` (several when a gap closed empty bars); only the last
-        one may send an order, as in the daemon."""
+        """Decide every bar of ``frame`` (several when a gap closed empty bars), one round each
+        as in the daemon: only the last one may send an order, and every round ends with the
+        risk check."""
         i = self.slot[frame.instrument_id]
         self.run.frames[frame.symbol].append(frame)
         for r in range(len(frame)):
@@ -232,14 +233,7 @@ class EventDriver:
             step = self.trading.decide([close], self.decider)
             bar = self.bars_seen[i]
             self.bars_seen[i] += 1
-            self.run.log.add(
-                ts_ns=frame.ts_close[r],
-                instrument=i,
-                bar=bar,
-                decided=step.decided,
-                regime=step.regime[0],
-                position=step.positions[0],
-            )
+            order = None
             if r == len(frame) - 1 and bool(step.decided.valid[0]):
                 order = self.trading.order_for(
                     close, int(step.decided.target[0]), now_ns=now_ns, blocked=self.halted
@@ -247,7 +241,16 @@ class EventDriver:
                 if order is not None:
                     self._send(order, i, bar)
                 self.run.latency_ns.append(time.perf_counter_ns() - t0)
-        self._check_risk(now_ns)
+            self.run.log.add(
+                ts_ns=frame.ts_close[r],
+                instrument=i,
+                bar=bar,
+                decided=step.decided,
+                regime=step.regime[0],
+                position=step.positions[0],
+                ordered=order is not None,
+            )
+            self._check_risk(now_ns)
 
     def _send(self, order: NewOrder, i: int, bar: int) -> None:
         self.ledger.record_orders(ledger_orders([order], account=ACCOUNT, session_id=self.session_id))
@@ -258,7 +261,9 @@ class EventDriver:
             self._reports(reports)
 
     def _check_risk(self, now_ns: int) -> None:
-        breach = None if self.halted else self.trading.breach(now_ns)
+        """The end of a decision round (:meth:`TradingStep.check_risk`): a breach latches the
+        halt; while halted, each round takes the next flatten step until flat."""
+        breach = self.trading.check_risk(now_ns, latched=self.halted)
         if breach:
             self.halted = True
             self.run.halt_reason = breach

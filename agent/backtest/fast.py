@@ -13,9 +13,19 @@
 4. A bar's decision is taken when the record that closes it arrives (the instrument's first
    record after the close); its order meets the book as it stands ``broker.latency_ms`` after
    that record (the instrument's last record at or before then) and is filled at once by
-   :func:`agent.execution.fills.walk_book`, the paper broker's maths: same levels, same partial
-   fills, same rounding and fees. The event-driven driver gives the same fills whenever an order
-   executes before its instrument's next bar closes (always with zero latency).
+   :func:`agent.execution.fills.walk_book` and :func:`agent.execution.fills.execution_price`,
+   the paper broker's maths: same levels, same partial fills, same fill rule
+   (``broker.fill_price``), rounding and fees. The event-driven driver gives the same fills
+   whenever an order executes before its instrument's next bar closes (always with zero
+   latency).
+
+Of the trading step's rules it applies the decision, the position clamp
+(:meth:`agent.trading.risk.RiskLimits.clamp_targets`) and the order as the difference to the
+position; it sends market orders only. The order-rate limit and the daily-loss and drawdown
+halt act across instruments in time order, which spans stepped in lockstep do not follow: they
+are not simulated here. :func:`agent.backtest.run.run_backtest` replays the run's path through
+them afterwards (:func:`agent.trading.risk.first_binding`) and refuses a run in which one would
+have acted, and refuses ``--fast`` with limit orders up front.
 """
 
 from __future__ import annotations
@@ -32,10 +42,12 @@ import numpy as np
 from agent.backtest.errors import BacktestError
 from agent.backtest.kernel import DecisionLog
 from agent.config import Config
-from agent.execution.fills import Ledger, apply_fills, execution_rows, fees, walk_book
+from agent.execution.config import FillPrice
+from agent.execution.fills import Ledger, apply_fills, execution_price, execution_rows, fees, walk_book
 from agent.policy.regime import RegimeTracker
 from agent.trading.decider import Decider
 from agent.trading.observation import observation_rows
+from agent.trading.risk import RiskLimits
 from feeds.book import tick_fixed
 from feeds.config import InstrumentSpec
 from feeds.dbn import iter_mbp10
@@ -194,7 +206,7 @@ def run_fast(
     orderable = np.concatenate([np.r_[f.n_records[1:] > 0, True] for f in frames])
     tick_px = np.asarray([float(tick_fixed(s.tick_size)) for s in specs])
     fee = config.broker.fee_per_contract
-    max_position = config.risk.max_position
+    risk = RiskLimits(config.risk)
     reward_scale = config.train.reward_scale
 
     n_slots = slot_id.shape[0]
@@ -224,7 +236,7 @@ def run_fast(
         spent += time.perf_counter() - t0
         rows_decided += int(active.shape[0])
         live = bar >= start[active]
-        target = np.clip(decided.target.astype(np.int64), -max_position, max_position)
+        target = risk.clamp_targets(decided.target)
         closing = (bar == hi[active] - 1) & (hi[active] < n_bars[who_inst])
         target = np.where(closing, 0, target)  # a span before the last one ends flat
         trade = live & (decided.valid | closing) & tradable[g] & orderable[g] & (target != pos)
@@ -235,6 +247,7 @@ def run_fast(
             decided=decided.take(live),
             regime=regime[g][live],
             position=pos[live],
+            ordered=trade[live],
         )
         if trade.any():
             ledger = _execute(
@@ -244,6 +257,7 @@ def run_fast(
                 slots=active[trade],
                 ledger=ledger,
                 fee=fee,
+                fill_price=config.broker.fill_price,
                 out=fills,
                 instrument=who_inst[trade],
                 bar=bar[trade],
@@ -262,20 +276,23 @@ def _execute(
     slots: np.ndarray[Any, Any],
     ledger: Ledger,
     fee: float,
+    fill_price: FillPrice,
     out: FillList,
     instrument: np.ndarray[Any, Any],
     bar: np.ndarray[Any, Any],
     ts_ns: np.ndarray[Any, Any],
 ) -> Ledger:
     """Market orders of signed size ``qty`` against the books of ``records[rows]``: the paper
-    broker's book walk (IOC remainder dropped), VWAP rounded to a fixed-point unit, fees per
-    contract. Books the fills in ``ledger`` (one entry per slot) and appends them to ``out``."""
+    broker's book walk (IOC remainder dropped), priced by its fill rule and rounded to a
+    fixed-point unit, fees per contract. Books the fills in ``ledger`` (one entry per slot) and
+    appends them to ``out``."""
     book = records[rows]
     levels = {name: np.stack([book[f] for f in fields], axis=1) for name, fields in _LEVEL_FIELDS.items()}
     fill = walk_book(levels["bid_px"], levels["bid_sz"], levels["ask_px"], levels["ask_sz"], qty)
-    filled = np.asarray(fill.filled, dtype=np.float64)
-    done = filled != 0
-    price = np.where(done, np.rint(np.nan_to_num(fill.avg_price)), 0.0)
+    exec_px = execution_price(fill, levels["bid_px"][:, 0], levels["ask_px"][:, 0], fill_price)
+    done = np.isfinite(exec_px)
+    filled = np.where(done, np.asarray(fill.filled, dtype=np.float64), 0.0)
+    price = np.where(done, np.rint(np.nan_to_num(exec_px)), 0.0)
     qty_all = np.zeros(ledger.position.shape[0])
     px_all = np.zeros(ledger.position.shape[0])
     qty_all[slots] = filled

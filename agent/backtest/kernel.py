@@ -44,6 +44,7 @@ class DecisionLog:
                 "kelly_f",
                 "regime",
                 "position",
+                "ordered",
             )
         }
     )
@@ -57,9 +58,11 @@ class DecisionLog:
         decided: Decided,
         regime: npt.ArrayLike,
         position: npt.ArrayLike,
+        ordered: npt.ArrayLike,
     ) -> None:
         """Append one batch (``instrument``: index into the backtest's instruments; ``bar``: the
-        bar's index in its instrument's bar sequence; ``position`` before the decision)."""
+        bar's index in its instrument's bar sequence; ``position`` before the decision;
+        ``ordered``: the decision sent an order)."""
         for key, value in (
             ("ts_ns", ts_ns),
             ("instrument", instrument),
@@ -71,6 +74,7 @@ class DecisionLog:
             ("kelly_f", decided.kelly_f),
             ("regime", regime),
             ("position", position),
+            ("ordered", ordered),
         ):
             self.parts[key].append(np.atleast_1d(np.asarray(value)))
 

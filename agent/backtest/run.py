@@ -4,7 +4,16 @@ Both modes report from the same books (:func:`agent.backtest.kernel.bar_pnl` ove
 marked at the bar-close mids) and the trainer's metrics (:func:`agent.train.metrics.performance`:
 Sharpe annualised for the real bar cadence, Sortino, drawdown, turnover, hit rate, costs). The
 baselines (flat, random, always long) run through the vectorised driver on the same bars with the
-same costs. Nothing is written here: :mod:`agent.backtest.output` writes the files.
+same costs, one span per instrument over the whole window: always long enters once and holds, as
+the daemon would hold it (a span per chunk would close and reopen it at every chunk edge and
+charge the baseline a round trip each time). Nothing is written here:
+:mod:`agent.backtest.output` writes the files.
+
+The vectorised driver does not simulate the order-rate limit or the loss and drawdown halt
+(:mod:`agent.backtest.fast`): a ``--fast`` run is replayed through them afterwards and refused
+(:class:`BacktestError`) when one would have acted, and refused up front with limit orders; its
+summary says so (``risk_limits``). The baselines are yardsticks of the market over the window,
+not policies the daemon runs: market orders, the position clamp, no halts.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from agent.model.checkpoint import Checkpoint
 from agent.policy.regime import RegimeTracker
 from agent.progress import Progress
 from agent.trading.decider import BaselineDecider, ModelDecider
+from agent.trading.risk import first_binding
 from agent.train.baselines import BASELINES
 from agent.train.metrics import NS_PER_DAY, Performance, performance
 from feeds.config import InstrumentSpec
@@ -103,6 +113,11 @@ class BacktestSummary(msgspec.Struct, kw_only=True):
     amortised over its batch)."""
     ledger_pnl: float | None
     """Event mode: P&L rebuilt from the SQL ledger's fills (equals ``performance.pnl``)."""
+    risk_limits: str
+    """``enforced`` (event mode: position clamp, order rate, daily loss and drawdown halt, on the
+    feed clock, as the daemon) or ``not binding`` (fast mode: the position clamp applied; the
+    order rate, daily loss and drawdown replayed on the run's path and found not to act, else
+    the run is refused)."""
     health: dict[str, int]
     halt_reason: str
     halt_at: str
@@ -182,10 +197,32 @@ def _books(specs: list[InstrumentSpec], frames: list[BarFrame], fills: FillList)
 def _baseline(
     name: str, bars: BarSet, specs: list[InstrumentSpec], config: Config, regimes: list[Any]
 ) -> Books:
-    chunks = FAST_CHUNKS
-    decider = BaselineDecider(name, len(specs) * chunks, config.policy.max_contracts, config.seed)
-    _, fills, _ = run_fast(bars, specs, config, decider, regimes, chunks=chunks)
+    """A baseline over the whole window, one span per instrument (see the module docstring)."""
+    decider = BaselineDecider(name, len(specs), config.policy.max_contracts, config.seed)
+    _, fills, _ = run_fast(bars, specs, config, decider, regimes, chunks=1)
     return _books(specs, [bars.frames[s.symbol] for s in specs], fills)
+
+
+def _refuse_binding(config: Config, decisions: dict[str, np.ndarray[Any, Any]], books: Books) -> None:
+    """Refuse a vectorised run in which a limit it does not simulate would have acted: its orders
+    and its equity after each decision (the books' P&L to the bar, the bar's own fill not yet
+    booked, as the daemon sees it when it checks) through :func:`first_binding`."""
+    order = np.argsort(books.ts_ns, kind="stable")
+    equity = np.cumsum(books.pnl[order]) + books.cost[order]
+    ordered = decisions["ordered"].astype(bool)
+    binding = first_binding(
+        config.risk,
+        order_ns=decisions["ts_ns"][ordered].astype(np.int64),
+        check_ns=books.ts_ns[order],
+        equity=equity,
+    )
+    if binding is not None:
+        at, reason = binding
+        raise BacktestError(
+            f"the risk limits would have acted at {ns_iso(at)} ({reason}); the vectorised driver "
+            "does not simulate the order-rate limit or the loss and drawdown halt: run the "
+            "event-driven backtest (without --fast), or loosen [risk]"
+        )
 
 
 def _latency(values_ns: np.ndarray[Any, Any]) -> dict[str, float]:
@@ -208,6 +245,11 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
     )
     checkpoint = resolved.checkpoint
     check_compatible(checkpoint)
+    if request.fast and config.broker.order_type == "limit":
+        raise BacktestError(
+            'broker.order_type = "limit": the vectorised driver sends market orders only (resting '
+            "limit orders need the book's queue, record by record); run without --fast"
+        )
     specs = _specs(config, request.data)
     floors = [resolved.floors.get(s.instrument_id, 0.0) for s in specs]
     progress.start("bars", 1)
@@ -252,7 +294,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         finally:
             decider.close()
         latency_ns = np.full(1, per_row_s * 1e9)
-        counts = {"orders": len(fills.bar), "fills": len(fills.bar)}
+        counts = {"orders": int(log.arrays()["ordered"].astype(bool).sum()), "fills": len(fills.bar)}
     else:
         run, frames = _event(
             config,
@@ -270,12 +312,14 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         halt_reason = run.halt_reason
         halt_at = ns_iso(run.halt_ns) if run.halt_ns is not None else ""
     books = _books(specs, frames, fills)
+    decisions = log.arrays()
+    if request.fast:
+        _refuse_binding(config, decisions, books)
     progress.start("baselines", len(BASELINES))
     base: dict[str, Books] = {}
     for name in BASELINES:
         base[name] = _baseline(name, bars, specs, config, regimes)
         progress.advance("baselines")
-    decisions = log.arrays()
     bucket = config.train.sharpe_bucket_s
     valid = decisions["valid"].astype(bool) if decisions["valid"].size else np.zeros(0, bool)
     acts = decisions["action"][valid].astype(np.int64)
@@ -311,6 +355,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         action_mix={"short": float(mix[0]), "flat": float(mix[1]), "long": float(mix[2])},
         latency_us=_latency(np.asarray(latency_ns, dtype=np.float64)),
         ledger_pnl=ledger_pnl,
+        risk_limits="not binding" if request.fast else "enforced",
         health={
             "episodes": int(sum(bars.health_episodes.values())),
             "rejected_records": bars.rejected_records,

@@ -725,6 +725,7 @@ class Daemon:
             batch = [(iid, entries[k]) for iid, entries in rows.items() if k < len(entries)]
             last = {iid for iid, entries in rows.items() if len(entries) == k + 1}
             await self._decide_round(batch, last)
+            self._check_risk()
 
     async def _decide_round(self, batch: list[tuple[int, tuple[int, int, _Close]]], last: set[int]) -> None:
         trading = self._trading
@@ -1013,7 +1014,7 @@ class Daemon:
             if "database" in self.halts.active and not self._probing:
                 self._probing = True
                 self._spawn(self._check_database())
-            await self._check_pnl(now)
+            self._pnl_metrics()
             if self._flattening:
                 self._flatten_step()
             self._refresh_metrics()
@@ -1067,16 +1068,24 @@ class Daemon:
         elif self.halts.clear("venue"):
             log.info("execution venue healthy again")
 
-    async def _check_pnl(self, now_ns: int) -> None:
+    def _pnl_metrics(self) -> None:
         equity = self._equity()
         self.metrics.pnl.labels(kind="realised").set(self.portfolio.realised())
         self.metrics.pnl.labels(kind="unrealised").set(equity - self.portfolio.realised())
-        breach = self._trading.risk.breach(equity, now_ns) if self._trading is not None else None
-        if breach and "risk" not in self.halts.active:
+
+    def _check_risk(self) -> None:
+        """The end of every decision round, on the feed clock, as in the event-driven backtest
+        (:meth:`agent.trading.step.TradingStep.check_risk`): a loss or drawdown breach latches a
+        ``risk`` halt and starts the flatten; a flatten in progress takes its next step."""
+        trading = self._trading
+        assert trading is not None
+        breach = trading.check_risk(self._feed_clock_ns, latched="risk" in self.halts.active)
+        if breach:
             log.error("risk limit breached: %s; flattening and halting", breach)
             self._set_halt("risk", breach)
             self._event("halt", breach, details={"kind": "risk"})
             self._flattening = True
+        if self._flattening:
             self._flatten_step()
 
     def _equity(self) -> float:

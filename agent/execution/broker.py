@@ -20,7 +20,9 @@ DESIGN section 8. The broker runs on the feed clock (``ts_recv`` of the records 
   :class:`~agent.execution.protocol.Fill` at the volume-weighted average price of the levels it
   took, rounded to the nearest 1e-9 fixed-point unit (the ledger stores integer prices; the
   rounding is at most half a nano-unit per contract and the ledger P&L is computed from the
-  stored price).
+  stored price). With ``fill_price = "mid"`` (a control experiment without spread cost) a
+  market order fills the same quantity at the mid of the book it meets instead
+  (:func:`agent.execution.fills.execution_price`).
 
 Reports (Ack, Reject, Fill, Cancelled) carry a per-broker ``seq``; fill ids are
 ``<client_order_id>.<n>``, unique because client order ids are unique forever.
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from agent.execution.config import BrokerConfig
-from agent.execution.fills import fees, walk_book
+from agent.execution.fills import execution_price, fees, walk_book
 from agent.execution.protocol import Ack, Cancelled, CancelOrder, Fill, NewOrder, Reject, Report, Side
 from feeds.records import ACTION_TRADE, LEVELS, MBP10_DTYPE, UNDEF_PRICE
 
@@ -108,6 +110,7 @@ class PaperBroker:
     def __init__(self, config: BrokerConfig, instrument_ids: Iterable[int], seq_start: int = 0) -> None:
         self._latency_ns = int(config.latency_ms * 1_000_000)
         self._fee = config.fee_per_contract
+        self._fill_price = config.fill_price
         self._books = {int(i): _Instrument() for i in instrument_ids}
         self._orders: dict[str, _Working] = {}
         self._seen: set[str] = set()
@@ -273,9 +276,10 @@ class PaperBroker:
             levels.ask_sz[None, :],
             np.array([sign * working.leaves], dtype=np.float64),
         )
+        price = execution_price(result, levels.bid_px[:1], levels.ask_px[:1], self._fill_price)
         qty = abs(round(float(result.filled[0])))
-        if qty > 0:
-            self._fill(working, qty, round(float(result.avg_price[0])), ts_ns, reports)
+        if qty > 0 and np.isfinite(price[0]):
+            self._fill(working, qty, round(float(price[0])), ts_ns, reports)
 
     def _fill(self, working: _Working, qty: int, price: int, ts_ns: int, reports: list[Report]) -> None:
         order = working.order

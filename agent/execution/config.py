@@ -6,7 +6,11 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["BrokerConfig"]
+__all__ = ["BrokerConfig", "FillPrice"]
+
+FillPrice = Literal["book", "mid"]
+"""How an execution is priced: the levels taken (``book``) or the mid (``mid``, a control
+experiment): :attr:`BrokerConfig.fill_price`."""
 
 
 class BrokerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -22,6 +26,16 @@ class BrokerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     order_type: Literal["market", "limit"] = "market"
     """Orders the daemon sends: marketable orders that walk the book, or limit orders at the
     near touch that rest with a queue-position estimate."""
+    fill_price: FillPrice = "book"
+    """Paper broker: the price of an execution. ``book``: the volume-weighted price of the levels
+    the order takes (what a venue charges: half the spread and more from the mid). ``mid``: a
+    control experiment, not a venue: the order fills at the mid of the book it meets (same book,
+    same quantities limited by the displayed depth, fees as configured), so trading costs no
+    spread. With ``fee_per_contract = 0`` it removes every trading cost, which shows whether a
+    policy is rejected by the statistics or by cost drag. The training environment and the
+    vectorised backtest fill the same way (:func:`agent.execution.fills.execution_price`); the
+    sizing's cost gate must charge the same (``policy.leg_price``, checked at load). Market
+    orders only."""
     gateway_endpoint: str = "tcp://127.0.0.1:5571"
     """ZeroMQ endpoint of the execution gateway (the daemon connects, the gateway binds)."""
     account: str = "paper"
@@ -37,3 +51,8 @@ class BrokerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
             raise ValueError("broker.fee_per_contract must be >= 0")
         if self.ack_timeout_s <= 0:
             raise ValueError("broker.ack_timeout_s must be > 0")
+        if self.fill_price == "mid" and self.order_type == "limit":
+            raise ValueError(
+                "fill_price: 'mid' prices market orders only (a resting limit order fills at its "
+                'limit): set order_type = "market"'
+            )

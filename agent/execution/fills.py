@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from agent.execution.config import FillPrice
 from agent.model.arrays import Array, array_module
 from feeds.records import UNDEF_PRICE
 
@@ -30,8 +31,10 @@ __all__ = [
     "BookFill",
     "Ledger",
     "apply_fills",
+    "execution_price",
     "execution_rows",
     "fees",
+    "fill_costs_ticks",
     "position_change_cost_ticks",
     "slippage_vs_mid",
     "step_pnl_ticks",
@@ -88,6 +91,43 @@ def walk_book(bid_px: Array, bid_sz: Array, ask_px: Array, ask_sz: Array, qty: A
     return BookFill(filled=xp.sign(q) * filled_abs, avg_price=avg, levels_used=levels)
 
 
+def execution_price(fill: BookFill, best_bid: Array, best_ask: Array, rule: FillPrice) -> Array:
+    """The price of each execution of :func:`walk_book` under the broker's fill rule
+    (``broker.fill_price``), float64 in the price unit, NaN where nothing is filled.
+
+    ``book``: the volume-weighted price of the levels taken (``fill.avg_price``). ``mid``: the
+    control experiment without spread cost: the mid of the same book's best bid and ask
+    (``best_bid``/``best_ask`` ``[B]``, level 0); NaN, so no fill, where the book is one-sided
+    (there is no mid to fill at). The quantity is the book walk's in both cases. The paper broker
+    and the vectorised backtest price fills with this; the training environment's costs follow
+    the same rule (:func:`fill_costs_ticks`).
+    """
+    if rule == "book":
+        return fill.avg_price
+    xp = array_module(best_bid, best_ask)
+    bid, ask = xp.asarray(best_bid), xp.asarray(best_ask)
+    defined = (bid > 0) & (ask > 0)
+    if bid.dtype.kind in "iu":
+        defined &= (bid != UNDEF_PRICE) & (ask != UNDEF_PRICE)
+    mid = 0.5 * (bid.astype(np.float64) + ask.astype(np.float64))
+    return xp.where(defined & (fill.filled != 0), mid, np.nan)
+
+
+def fill_costs_ticks(buy_cost_ticks: Array, sell_cost_ticks: Array, rule: FillPrice) -> tuple[Array, Array]:
+    """What a buy pays above, and a sell gives up below, the decision bar's mid (ticks, ``[N]``)
+    under the broker's fill rule, from the touch costs of the book the order meets (its ask
+    minus the decision mid, the decision mid minus its bid).
+
+    ``book``: those touch costs, unchanged. ``mid``: the order fills at that book's mid, which is
+    ``(buy - sell) / 2`` above the decision mid: a buy pays that, a sell gives it up (zero when
+    the mid did not move between the decision and the execution).
+    """
+    if rule == "book":
+        return buy_cost_ticks, sell_cost_ticks
+    moved = 0.5 * (buy_cost_ticks - sell_cost_ticks)
+    return moved, -moved
+
+
 def slippage_vs_mid(filled: Array, avg_price: Array, mid: Array) -> Array:
     """Cost of fills relative to the mid price, ``filled * (avg_price - mid)`` (price unit x
     contracts; positive = paid). A unit order at the top of the book costs half the spread.
@@ -108,13 +148,13 @@ def position_change_cost_ticks(
 ) -> Array:
     """Cost in ticks of changing a position by ``delta`` contracts, relative to the decision's mid.
 
-    The training environment's execution model: a buy fills at the ask of the book the order
-    meets (``buy_cost_ticks`` above the decision bar's mid), a sell at its bid
-    (``sell_cost_ticks`` below it), and every contract pays ``fee_ticks = fee_per_contract /
-    tick_value``. With the book the paper broker's order meets (the one at arrival + latency,
-    :func:`execution_rows`) this equals :func:`slippage_vs_mid` of :func:`walk_book` (in ticks)
-    plus :func:`fees` whenever the top level holds ``|delta|`` contracts; deeper walks cost more
-    (the broker charges them).
+    The training environment's execution model: a buy fills ``buy_cost_ticks`` above the
+    decision bar's mid, a sell ``sell_cost_ticks`` below it (:func:`fill_costs_ticks`: the ask
+    and bid of the book the order meets, or that book's mid under ``fill_price = "mid"``), and
+    every contract pays ``fee_ticks = fee_per_contract / tick_value``. With the book the paper
+    broker's order meets (the one at arrival + latency, :func:`execution_rows`) this equals
+    :func:`slippage_vs_mid` of the broker's fill (in ticks) plus :func:`fees` whenever the top
+    level holds ``|delta|`` contracts; deeper walks cost more (the broker charges them).
     """
     xp = array_module(delta, buy_cost_ticks)
     side_cost = xp.where(delta > 0, buy_cost_ticks, sell_cost_ticks)

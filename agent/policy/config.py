@@ -11,6 +11,8 @@ from typing import Literal
 
 import msgspec
 
+from agent.execution.config import FillPrice
+
 __all__ = ["PolicyConfig"]
 
 
@@ -20,7 +22,8 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     Units: ``capital_per_contract`` is in the account currency; a return bin of ``t`` ticks is
     the simple return ``t * tick_value / capital_per_contract``. The round-trip cost the sizing
     must clear is not a setting: it is the instrument's own, half the spread at the decision's
-    book plus the broker's fee per leg (:func:`agent.policy.kelly.leg_cost`).
+    book plus the broker's fee per leg (:func:`agent.policy.kelly.leg_cost`); only the control
+    experiment of mid fills (``leg_price = "mid"``) takes the spread out.
     """
 
     selection: Literal["thompson", "greedy"] = "greedy"
@@ -50,6 +53,12 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     scale_floor: float = 0.1
     """Lower bound of the regime scale in (0, 1]; a scale below it (or not finite) is raised
     to it."""
+    leg_price: FillPrice = "book"
+    """The price the cost gate assumes a leg fills at: ``book``, the touch (half the spread from
+    the mid plus the fee, a leg); ``mid``, the mid (the fee alone). It must equal
+    ``broker.fill_price`` (checked at load: the gate charges what the broker fills). It is a key
+    of its own because the sizing runs inside the inference engine, which is given the policy
+    and the fee, not the broker's settings."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed < 2**64:

@@ -16,7 +16,8 @@ holds the root. ``mu / sigma^2`` is only its small-return approximation. Then
 
 **Cost gate.** A view is only taken when it pays for itself, leg by leg, as the paper broker
 and the training environment charge: a leg (a position change of one contract's worth) costs
-:func:`leg_cost`, half the spread of the decision's book plus the broker's fee. Opening from
+:func:`leg_cost`, half the spread of the decision's book plus the broker's fee (the fee alone
+under the control experiment of mid fills, ``policy.leg_price = "mid"``). Opening from
 flat is one leg, reversing two, keeping the position's direction none: ``mu`` must exceed
 ``legs * leg_cost`` plus ``min_edge_ticks`` when there is a leg to pay, and only be positive to
 keep a position. The exit leg is not charged at entry: it is paid when the view changes, and
@@ -40,6 +41,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from agent.execution.config import FillPrice
 from agent.policy.config import PolicyConfig
 
 __all__ = [
@@ -137,12 +139,19 @@ def regime_clamp(regime_scale: npt.ArrayLike, scale_floor: float) -> npt.NDArray
 
 
 def leg_cost(
-    spread_ticks: npt.ArrayLike, tick_value: npt.ArrayLike, fee_per_contract: float
+    spread_ticks: npt.ArrayLike,
+    tick_value: npt.ArrayLike,
+    fee_per_contract: float,
+    *,
+    leg_price: FillPrice = "book",
 ) -> npt.NDArray[np.float64]:
-    """Currency cost of one leg of one contract (buying or selling it at the touch): half the
-    spread plus the fee; NaN or negative spreads give +inf (no trade on a book without one)."""
+    """Currency cost of one leg of one contract: bought or sold at the touch (``book``, what a
+    venue and the paper broker charge) it costs half the spread plus the fee; at the mid
+    (``mid``, the control experiment of ``broker.fill_price = "mid"``) the fee alone. NaN or
+    negative spreads give +inf either way (no trade on a book without one)."""
     spread = np.asarray(spread_ticks, dtype=np.float64)
-    cost = 0.5 * spread * np.asarray(tick_value, dtype=np.float64) + fee_per_contract
+    half_spread = 0.5 * spread * np.asarray(tick_value, dtype=np.float64)
+    cost = (half_spread if leg_price == "book" else np.zeros_like(half_spread)) + fee_per_contract
     return np.where(np.isfinite(spread) & (spread >= 0), cost, np.inf)
 
 
@@ -176,7 +185,7 @@ def kelly_size_ref(
         regime_scale: (B,) regime scale; clamped to [scale_floor, 1], non-finite -> scale_floor.
         spread_ticks: (B,) spread of the decision's book in ticks (the cost gate's spread).
         position: (B,) current position in contracts (the legs the direction costs).
-        policy: the sizing settings.
+        policy: the sizing settings (``policy.leg_price``: the spread a leg pays, :func:`leg_cost`).
         fee_per_contract: the broker's fee per contract and leg (currency).
     """
     p = np.asarray(ret_probs, dtype=np.float64)
@@ -188,7 +197,7 @@ def kelly_size_ref(
     total = p.sum(axis=1)
     mean = np.divide((p * returns).sum(axis=1), total, out=np.zeros_like(total), where=total > 0)
     legs = np.abs(d - np.sign(np.asarray(position, dtype=np.float64)))
-    leg = leg_cost(spread_ticks, tv, fee_per_contract)
+    leg = leg_cost(spread_ticks, tv, fee_per_contract, leg_price=policy.leg_price)
     paying = legs > 0
     charged = np.where(paying, legs, 1.0) * leg + policy.min_edge_ticks * tv  # inf * 0 never formed
     required = np.where(paying, charged, 0.0) / policy.capital_per_contract

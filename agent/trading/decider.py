@@ -1,8 +1,8 @@
 """The policy a trading step consults: one call per batch of bars (distinct slots).
 
 * :class:`ModelDecider` is the daemon's :class:`~agent.gpu.engine.InferenceEngine` (window
-  push, Mamba2, C51 + return head, Thompson keyed by (seed, slot, decision index), Kelly x
-  regime with the instrument's round-trip cost);
+  push, Mamba2, C51 + return head, the ``policy.selection`` action: greedy, or Thompson keyed
+  by (seed, slot, decision index); Kelly x regime with the instrument's round-trip cost);
 * :class:`EngineDecider` adapts an engine someone else owns (the daemon's model host, which
   hot-swaps and falls back to the CPU);
 * :class:`BaselineDecider` gives the flat / random / always-long baselines through the same

@@ -1,8 +1,10 @@
 """The observation row: what the model sees of one bar and of the agent's own state.
 
 One implementation for the daemon, both backtest drivers and the trainer's as-traded
-evaluation (:mod:`agent.trading.step`); the training environment builds the same two agent
-columns with :func:`agent.train.env.agent_features`.
+evaluation (:mod:`agent.trading.step`); its two agent columns are
+:func:`agent.train.env.agent_features`, the function the training environment builds its
+windows with, so a position (and the spread paid to open it) looks the same to the model in
+training and in trading.
 """
 
 from __future__ import annotations
@@ -27,12 +29,9 @@ def observation_rows(
     reward_scale: float,
 ) -> npt.NDArray[np.float32]:
     """Rows ``[B, F + 2]`` for the engine: market features ``[B, F]`` plus the agent's unit
-    position and unrealised P&L (``sign(pos) * (mid_ticks - entry_px / tick_px)`` in ticks,
-    normalised and clipped, :func:`agent.train.env.agent_features`: the columns the training
-    environment gives its windows). ``entry_px`` is the average
-    entry price of the open position (1e-9 fixed point, ignored when flat), ``mid_ticks`` the bar
+    position and unrealised P&L (:func:`agent.train.env.agent_features` of the position, its
+    entry ``entry_px / tick_px`` and the mark ``mid_ticks``). ``entry_px`` is the ledger's average
+    fill price of the open position (1e-9 fixed point, ignored when flat), ``mid_ticks`` the bar
     frame's close mid in ticks and ``tick_px`` the tick in fixed point."""
-    unit = np.sign(positions).astype(np.float64)
-    upnl = np.where(positions != 0, unit * (mid_ticks - entry_px / tick_px), 0.0)
-    agent = agent_features(np, unit.astype(np.float32), upnl, reward_scale)
+    agent = agent_features(np, positions, entry_px / tick_px, mid_ticks, reward_scale)
     return np.concatenate([np.asarray(features, dtype=np.float32), agent], axis=1)

@@ -12,18 +12,27 @@ Limits checked before every order: the target position is clamped to ``max_posit
 ``max_orders_per_minute`` orders in any rolling 60 s; a day loss (realised + unrealised since
 the start of the UTC day, or of the session when it started later) beyond ``max_daily_loss``,
 or a fall from the session's equity peak beyond ``max_drawdown``, is a breach: the daemon
-flattens every position and latches a ``risk`` halt.
+flattens every position and latches a ``risk`` halt. The breach is checked after every decision
+round on the feed clock (:meth:`agent.trading.step.TradingStep.check_risk`), in the daemon as in
+the event-driven backtest.
+
+:func:`first_binding` replays a recorded path (order times, equity after each decision) through
+the same limits: the vectorised backtest, which cannot halt spans in lockstep, uses it to
+refuse a run in which a limit would have acted.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
 
 from agent.trading.config import RiskConfig
 
-__all__ = ["LATCHED", "HaltKind", "Halts", "RiskLimits"]
+__all__ = ["LATCHED", "HaltKind", "Halts", "RiskLimits", "first_binding"]
 
 HaltKind = Literal["risk", "operator", "inference", "database", "venue", "model"]
 LATCHED: frozenset[str] = frozenset({"risk", "operator", "inference"})
@@ -75,8 +84,12 @@ class RiskLimits:
 
     def clamp(self, target: int) -> int:
         """The target position within +/- ``max_position`` contracts."""
+        return int(self.clamp_targets(np.asarray([target]))[0])
+
+    def clamp_targets(self, targets: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+        """:meth:`clamp` of every target of an array (the vectorised backtest's rows)."""
         limit = self.config.max_position
-        return max(-limit, min(limit, target))
+        return np.clip(np.asarray(targets, dtype=np.int64), -limit, limit)
 
     def order_allowed(self, now_s: float | None = None) -> bool:
         """Whether one more order fits the rolling 60 s rate limit (counts refusals)."""
@@ -111,3 +124,32 @@ class RiskLimits:
         self._day = now_ns // _DAY_NS
         self._day_start_equity = equity
         self._peak = equity
+
+
+def first_binding(
+    config: RiskConfig,
+    *,
+    order_ns: npt.NDArray[np.int64],
+    check_ns: npt.NDArray[np.int64],
+    equity: npt.NDArray[np.float64],
+) -> tuple[int, str] | None:
+    """The first limit that would have acted on a recorded path, as ``(time ns, reason)``, or None.
+
+    ``order_ns``: the time of every order sent (any order); ``check_ns`` and ``equity``: the
+    equity (currency, realised + unrealised net of fees, 0 at the start) after each decision,
+    in time order. Both run through :class:`RiskLimits` itself, as the daemon runs them: an
+    order refused by the rolling order-rate window, then a daily-loss or drawdown breach.
+    """
+    limits = RiskLimits(config)
+    for t in np.sort(np.asarray(order_ns, dtype=np.int64)).tolist():
+        if not limits.order_allowed(t / 1e9):
+            return t, f"more than max_orders_per_minute {config.max_orders_per_minute} orders in 60 s"
+        limits.order_sent(t / 1e9)
+    times = np.asarray(check_ns, dtype=np.int64).tolist()
+    if times:
+        limits.start(0.0, times[0])
+    for t, value in zip(times, np.asarray(equity, dtype=np.float64).tolist(), strict=True):
+        reason = limits.breach(value, t)
+        if reason:
+            return t, reason
+    return None

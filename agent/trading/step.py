@@ -11,12 +11,20 @@ A step, for the bars that closed together (one per instrument):
 1. the regime trackers advance with each tradable bar's mid log-return (NaN keeps the state);
 2. the observation rows are built (:func:`agent.trading.observation.observation_rows`) from the
    bar's features and the instrument's position and entry price;
-3. the decider picks the action (Thompson) and sizes it (Kelly x regime, the instrument's
-   round-trip cost: :mod:`agent.policy.kelly`), one batched call;
+3. the decider picks the action (``policy.selection``) and sizes it (Kelly x regime, the
+   instrument's round-trip cost: :mod:`agent.policy.kelly`), one batched call;
 4. :meth:`TradingStep.order_for` turns a valid target into an order: none while blocked (a halt,
    a stop, a flatten), nor on a book that fails the record health rules now; the target is
    clamped to ``risk.max_position``, the order is the difference to position plus working
-   orders, and the order-rate limit counts it.
+   orders, and the order-rate limit counts it;
+5. once the round's orders are out, :meth:`TradingStep.check_risk` checks the daily-loss and
+   drawdown limits on the same clock: a breach is flattened (:meth:`TradingStep.flatten`, one
+   step a round until flat) and latched as a halt by the caller.
+
+The loss check belongs to the decision round, not to a timer: equity moves only with the marks
+(a bar close) and the fills (applied before the next round), so a check after every round sees
+every level the equity reaches at a decision; a wall-clock timer would see a different subset
+in every replay, and the daemon and the backtest would halt at different bars.
 
 The clock and the venue are injected: each call takes the time it happens at (the feed clock in
 a replay or a backtest, the wall clock live) and the step cancels working limit orders through
@@ -252,9 +260,13 @@ class TradingStep:
         """Realised plus unrealised P&L at the last trusted marks (currency)."""
         return self.portfolio.realised() + self.portfolio.unrealised(self.marks)
 
-    def breach(self, now_ns: int) -> str | None:
-        """The loss or drawdown breach at ``now_ns`` (the caller flattens and halts), or None."""
-        return self.risk.breach(self.equity(), now_ns)
+    def check_risk(self, now_ns: int, *, latched: bool) -> str | None:
+        """Step 5, after every decision round at the round's time ``now_ns`` (the feed clock in a
+        replay or a backtest): the daily loss and drawdown of :meth:`equity` against the limits.
+        Returns the breach the caller acts on (flatten and latch a risk halt), or None: none, or
+        a risk halt already ``latched`` (the day and the peak still follow the equity)."""
+        breach = self.risk.breach(self.equity(), now_ns)
+        return None if latched else breach
 
     def flatten(self, now_ns: int, wall_ns: int = 0) -> list[NewOrder] | None:
         """One flatten step: cancel the open orders first (an empty list: wait for their

@@ -8,8 +8,9 @@ Step at decision bar ``t`` with action ``a`` (index into short, flat, long; targ
 
 * the position moves to the target at the book the order meets, as the paper broker fills it:
   the instrument's book at arrival + ``broker.latency_ms`` after the record that closed bar
-  ``t`` (a buy pays that book's ask, a sell its bid, relative to bar ``t``'s mid, plus
-  ``fee_ticks`` a contract: :func:`agent.execution.fills.step_pnl_ticks`);
+  ``t`` (a buy pays that book's ask, a sell its bid, relative to bar ``t``'s mid, or that
+  book's mid under ``broker.fill_price = "mid"``, plus ``fee_ticks`` a contract:
+  :func:`agent.execution.fills.fill_costs_ticks`, :func:`agent.execution.fills.step_pnl_ticks`);
 * it is held to the next bar: ``gross = pos * (mark_{t+1} - mark_t)`` ticks;
 * ``reward = (gross - cost) * reward_scale`` in normalised units.
 
@@ -23,8 +24,9 @@ terminal.
 
 Observation: ``[E, K, F + 2]`` float32, the K-bar window of normalised market features ending at
 ``t`` plus, per bar, the 2 agent features the agent had at that bar: its position and its
-unrealised P&L in normalised units (``pos * (mark - entry_mark) * reward_scale``, clipped to
-+/-5). The daemon must build the same two columns (:func:`agent_features`).
+unrealised P&L from its entry fill to the bar's mark, in normalised units, clipped to +/-5
+(:func:`agent_features`, the one definition of these columns: the daemon and both backtests
+build theirs with it from the ledger's average fill price, :mod:`agent.trading.observation`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from agent.execution.fills import step_pnl_ticks
+from agent.execution.config import FillPrice
+from agent.execution.fills import fill_costs_ticks, step_pnl_ticks
 from agent.model.arrays import Array, to_numpy
 from agent.train.errors import TrainError
 from feeds.book import tick_fixed
@@ -63,11 +66,23 @@ AGENT_FEATURES: tuple[str, ...] = ("agent_position", "agent_unrealised")
 UPNL_CLIP = 5.0
 
 
-def agent_features(xp: ModuleType, position: Array, unrealised_ticks: Array, reward_scale: float) -> Array:
-    """The 2 agent feature columns ``[..., 2]`` (float32): position in contracts (unit) and the
-    unrealised P&L in normalised units, clipped to +/-``UPNL_CLIP``."""
-    upnl = xp.clip(unrealised_ticks * reward_scale, -UPNL_CLIP, UPNL_CLIP)
-    return xp.stack([xp.asarray(position, dtype=np.float32), upnl.astype(np.float32)], axis=-1)
+def agent_features(
+    xp: ModuleType, position: Array, entry_ticks: Array, mark_ticks: Array, reward_scale: float
+) -> Array:
+    """The 2 agent feature columns ``[..., 2]`` (float32) of an observation row: the unit position
+    ``sign(position)`` and its unrealised P&L ``sign(position) * (mark - entry)`` in ticks times
+    ``reward_scale``, clipped to +/-``UPNL_CLIP`` (0 when flat).
+
+    ``entry_ticks`` is the open position's average fill price and ``mark_ticks`` the bar's mark
+    (the close mid), both in ticks. This is the one definition: the environment passes its entry
+    fill (the price its execution model filled at: the spread paid is part of the unrealised
+    P&L, as in a ledger), the daemon and both backtests the ledger's average fill price
+    (:func:`agent.trading.observation.observation_rows`), so a position looks the same to the
+    model in training and in trading."""
+    unit = xp.sign(xp.asarray(position, dtype=np.float64))
+    upnl = xp.where(unit != 0, unit * (mark_ticks - entry_ticks), 0.0)
+    upnl = xp.clip(upnl * reward_scale, -UPNL_CLIP, UPNL_CLIP)
+    return xp.stack([unit.astype(np.float32), upnl.astype(np.float32)], axis=-1)
 
 
 @dataclass(frozen=True)
@@ -173,8 +188,8 @@ class EnvData:
     mark: Array
     """float64 mid in ticks, carried forward over non-tradable bars."""
     buy_cost: Array
-    """float64 ticks a buy pays over ``mark`` (the ask of the book its order meets; carried
-    forward like ``mark``)."""
+    """float64 ticks a buy pays over ``mark`` (the ask of the book its order meets, or that
+    book's mid under mid fills; carried forward like ``mark``)."""
     sell_cost: Array
     """float64 ticks a sell gives up under ``mark`` (carried forward like ``mark``)."""
     tradable: Array
@@ -224,12 +239,14 @@ def build_env_data(
     horizon: int,
     session_gap_s: float,
     xp: ModuleType,
+    fill_price: FillPrice = "book",
 ) -> EnvData:
     """Concatenate the bar ranges ``(bars, start, end)`` into device arrays.
 
     Sessions split at range boundaries and wherever consecutive closes are more than
     ``session_gap_s`` apart; a session with no tradable bar is dropped. ``horizon`` is the
-    return head's label horizon in bars.
+    return head's label horizon in bars. ``fill_price`` is the broker's fill rule
+    (``broker.fill_price``; ``book`` is the broker's default) the execution costs follow.
     """
     n_market = norm.mean.shape[0] - len(AGENT_FEATURES)
     cols: dict[str, list[np.ndarray[Any, Any]]] = {
@@ -254,8 +271,9 @@ def build_env_data(
             if n < window + 1 or not trad.any():
                 continue
             mark = _forward_fill(bars.mid_ticks[lo:hi], trad)
-            buy = _forward_fill(bars.buy_cost_ticks[lo:hi], trad)
-            sell = _forward_fill(bars.sell_cost_ticks[lo:hi], trad)
+            buy, sell = fill_costs_ticks(bars.buy_cost_ticks[lo:hi], bars.sell_cost_ticks[lo:hi], fill_price)
+            buy = _forward_fill(buy, trad)
+            sell = _forward_fill(sell, trad)
             label = np.full(n, np.nan)
             label[: n - horizon] = mark[horizon:] - mark[: n - horizon]
             last = np.zeros(n, dtype=bool)
@@ -378,14 +396,16 @@ class VecEnv:
             sell_cost_ticks=d.sell_cost[t],
             fee_ticks=d.fee_ticks[t],
         )
+        # A unit position is opened or reversed at one fill: that fill's price is its entry (the
+        # ledger's average price), a buy at mark + buy_cost, a sell at mark - sell_cost.
         opened = (target != 0) & (target != self.position)
-        self.entry = xp.where(opened, d.mark[t], self.entry)
+        fill = xp.where(target > self.position, d.mark[t] + d.buy_cost[t], d.mark[t] - d.sell_cost[t])
+        self.entry = xp.where(opened, fill, self.entry)
         traded = xp.abs(target - self.position)
         self.position = target
         reward = ((gross - cost) * self.reward_scale).astype(np.float32)
         nxt = xp.where(self.active, t1, t)
-        upnl = self.position * (d.mark[nxt] - self.entry)
-        new_row = agent_features(xp, self.position, upnl, self.reward_scale)
+        new_row = agent_features(xp, self.position, self.entry, d.mark[nxt], self.reward_scale)
         self.agent = xp.where(
             self.active[:, None, None],
             xp.concatenate([self.agent[:, 1:], new_row[:, None, :]], axis=1),

@@ -141,12 +141,17 @@ class FoldSummary(msgspec.Struct, frozen=True, kw_only=True):
     ``tradeagent backtest --from test_from --to test_to`` replays)."""
     test_to: str
     checkpoint_sha256: str
-    """The fold's model as it was evaluated (params and normalisation after this fold)."""
+    """The fold's model as it was evaluated (params and normalisation after this fold), written
+    to the checkpoint store with the run's results: ``tradeagent backtest --checkpoint
+    <checkpoint_sha256> --from <test_from> --to <test_to>`` replays the block as it was scored."""
     as_traded: FoldTrading
-    """The daemon's policy (Thompson, Kelly x regime, risk limits, fills at arrival + latency,
-    fees) through the event-driven backtest: what the promotion gate scores."""
+    """The daemon's policy (the configured ``policy.selection``, greedy by default; Kelly x
+    regime with the cost gate; risk limits; fills walking the book at arrival + latency; fees)
+    through the event-driven backtest: what the promotion gate scores."""
     greedy_unit: FoldTrading
-    """Diagnostic: the greedy action at one contract, half-spread + fee at the bar-close book."""
+    """Diagnostic, never gated: the network's greedy action at one contract in the training
+    environment (fills at the book met at arrival + latency, as the paper broker's, and fees),
+    each evaluation chunk starting flat."""
     baselines: dict[str, FoldTrading]
     """Flat, random and always-long, as traded on the same bars."""
     incumbent: FoldTrading | None = None
@@ -458,8 +463,9 @@ class _Run:
         )
         """The configuration the as-traded evaluation trades: the trained instruments only."""
         self.curves = Curves()
-        self.tests: list[tuple[tuple[int, int], dict[int, float]]] = []
-        """Per tested fold: its replay window [start, end) ns and the floors it was traded with."""
+        self.tests: list[tuple[tuple[int, int], dict[int, float], bytes]] = []
+        """Per tested fold: its replay window [start, end) ns, the floors it was traded with and
+        its checkpoint's bytes (stored at the end, :meth:`register`)."""
         self.kills: list[GateEvent] = []
         fused = xp is not np and fused_fits(model_cfg)
         params = init_params(model_cfg, np.random.default_rng(config.seed), xp=np if fused else xp)
@@ -475,7 +481,8 @@ class _Run:
     def _env_data(
         self, parts: list[tuple[InstrumentBars, int, int]], norm: FeatureNorm, model: ModelConfig
     ) -> EnvData:
-        """The environment over ``parts`` for a model of configuration ``model``."""
+        """The environment over ``parts`` for a model of configuration ``model``, filling as the
+        broker fills (``broker.fill_price``)."""
         return build_env_data(
             parts,
             norm,
@@ -483,6 +490,7 @@ class _Run:
             horizon=model.return_horizon,
             session_gap_s=self.config.train.session_gap_s,
             xp=self.xp,
+            fill_price=self.config.broker.fill_price,
         )
 
     def train_all(self) -> None:
@@ -539,9 +547,9 @@ class _Run:
                 out[ids[sym]] = value
         return out
 
-    def _fold_checkpoint(self, norm: FeatureNorm) -> Checkpoint:
-        """The model as it stands, as a verified checkpoint (what the fold's test evaluates)."""
-        blob = checkpoint_to_bytes(
+    def _fold_checkpoint(self, norm: FeatureNorm) -> bytes:
+        """The model as it stands, as checkpoint bytes (what the fold's test evaluates)."""
+        return checkpoint_to_bytes(
             self.learner.host_params(),
             self.model_cfg,
             feature_names=(*FEATURE_NAMES, *AGENT_FEATURES),
@@ -549,7 +557,6 @@ class _Run:
             norm_std=norm.std,
             metadata={"seed": self.config.seed, "instrument_set": self.summary.instrument_set},
         )
-        return checkpoint_from_bytes(blob)
 
     def _as_traded(
         self, checkpoint: Checkpoint, floors: dict[int, float], window: tuple[int, int]
@@ -580,8 +587,9 @@ class _Run:
         # The block's bounds as ISO strings and back: the window a user passes to `backtest`.
         test_from, test_to = ns_iso(edges[2]), ns_iso(edges[3] + 999)
         window = (parse_bound(test_from, "--from", end=False), parse_bound(test_to, "--to", end=True))
-        self.tests.append((window, floors))
-        checkpoint = self._fold_checkpoint(norm)
+        blob = self._fold_checkpoint(norm)
+        checkpoint = checkpoint_from_bytes(blob)
+        self.tests.append((window, floors, blob))
         traded = self._as_traded(checkpoint, floors, window)
         self.progress.advance("evaluate")
         books = traded.books
@@ -646,7 +654,7 @@ class _Run:
             return
         bucket = self.config.train.sharpe_bucket_s
         self.progress.start("incumbent", len(self.tests))
-        for i, (window, floors) in enumerate(self.tests):
+        for i, (window, floors, _) in enumerate(self.tests):
             books = self._as_traded(ckpt, floors, window).books
             self.curves.add("incumbent", books)
             s.folds[i] = msgspec.structs.replace(s.folds[i], incumbent=_trading(books, bucket))
@@ -774,6 +782,8 @@ class _Run:
                     s.candidate_status, s.promoted = "promoted", True
                 else:
                     s.candidate_status = "candidate"
+        for _, _, fold_blob in self.tests:  # each fold's evaluated model, for `backtest --checkpoint`
+            store.put(fold_blob)
         self._update_floors(floors_repo, current, run_id)
         registry.finish_run(
             run_id, status="halted" if s.halted else "succeeded", summary=_candidate_metrics(s)

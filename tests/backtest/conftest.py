@@ -16,7 +16,8 @@ from tests.daemon.support import INSTRUMENTS, model_checkpoint
 
 def backtest_config(data_dir: Path, **risk: float) -> Config:
     """Embedded defaults on the test instruments, CPU, zero broker latency, loose risk limits
-    (so that the vectorised driver, which has no order-rate or loss halts, sees the same run)."""
+    unless given (the vectorised driver, which has no order-rate or loss halt, refuses a run in
+    which one would act)."""
     base = load_config(env={})
     return msgspec.structs.replace(
         base,

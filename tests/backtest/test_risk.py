@@ -1,14 +1,20 @@
 """The event-driven backtest applies the daemon's hard limits on the feed clock: a daily-loss
-breach flattens every position and halts new orders for the rest of the run."""
+breach flattens every position and halts new orders for the rest of the run. The vectorised
+driver, which cannot halt, refuses a run in which a limit would have acted."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import msgspec
 import numpy as np
+import pytest
 
+from agent.backtest.errors import BacktestError
 from agent.backtest.inputs import parse_bound
 from agent.backtest.run import BacktestRequest, run_backtest
+from agent.cli import main
 from tests.backtest.conftest import backtest_config
 from tests.backtest.test_parity import _Quiet
 
@@ -36,3 +42,40 @@ def test_daily_loss_breach_flattens_and_halts(
         held = np.abs(books.position[mine][~after])[-1] if (~after).any() else 0.0
         assert books.traded[mine][after].sum() <= held
         assert books.position[mine][-1] == 0
+
+
+def test_the_fast_driver_enforces_nothing_it_cannot_simulate(
+    signal_data: Path, checkpoint_file: Path, tmp_path: Path
+) -> None:
+    """The vectorised driver has no order-rate or loss halt: a run in which one would have acted
+    is refused, and its summary says which limits were enforced and which only checked."""
+    request = BacktestRequest(data=signal_data, checkpoint=str(checkpoint_file), fast=True, chunks=1)
+    with pytest.raises(BacktestError, match=r"daily loss .* >= max_daily_loss 40\.00.*without --fast"):
+        run_backtest(backtest_config(tmp_path / "a", max_daily_loss=40.0), request, _Quiet())
+    with pytest.raises(BacktestError, match=r"more than max_orders_per_minute 3 orders in 60 s"):
+        run_backtest(backtest_config(tmp_path / "b", max_orders_per_minute=3), request, _Quiet())
+    loose = backtest_config(tmp_path / "c")
+    fast = run_backtest(loose, request, _Quiet()).summary
+    assert fast.risk_limits == "not binding" and fast.orders >= fast.fills > 20
+    event = run_backtest(loose, dataclasses.replace(request, fast=False), _Quiet()).summary
+    assert event.risk_limits == "enforced"
+    limit = msgspec.structs.replace(loose, broker=msgspec.structs.replace(loose.broker, order_type="limit"))
+    with pytest.raises(BacktestError, match="market orders only"):
+        run_backtest(limit, request, _Quiet())
+
+
+def test_the_cli_refuses_a_fast_run_that_a_limit_would_halt(
+    signal_data: Path,
+    checkpoint_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRADEAGENT_DATA_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("TRADEAGENT__DEVICE", "cpu")
+    monkeypatch.setenv("TRADEAGENT__RISK__MAX_DAILY_LOSS", "40")
+    out = tmp_path / "out"
+    args = ["backtest", "--data", str(signal_data), "--checkpoint", str(checkpoint_file), "--fast"]
+    code = main([*args, "--out", str(out)])
+    assert code == 2 and not out.exists()
+    assert "the risk limits would have acted" in capsys.readouterr().err

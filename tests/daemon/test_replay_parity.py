@@ -1,23 +1,31 @@
 """The daemon replaying a recorded day and the event-driven backtest of that day trade the same
-way: one trading step (agent/trading) serves both, so their decisions, orders and fills agree
-exactly (same instruments, sides, sizes, times, prices and fees), each in its real SQLite ledger.
+way: one trading step (agent/trading) serves both, so their decision streams (instrument, bar,
+action, validity, target, Kelly size, decision by decision), orders and fills agree exactly, each
+in its real SQLite ledger; with a daily-loss limit that binds, both halt at the same bar with the
+same reason (the breach is checked after every decision round on the feed clock in both).
 
 The daemon runs in-process on the test's loop with its real sockets, the paper broker at the
-configured latency and the replay source at full speed; the backtest is
+configured latency and the replay source at full speed; it reports READY over a real
+``NOTIFY_SOCKET`` datagram socket, as to systemd. The backtest is
 :class:`agent.backtest.event.EventDriver` with the same checkpoint and configuration.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
+
 from agent.backtest.event import EventDriver
 from agent.daemon.app import Daemon
 from agent.model.checkpoint import checkpoint_from_bytes
-from agent.trading.decider import ModelDecider
+from agent.trading.decider import Decider, ModelDecider
+from agent.trading.step import BarClose, Step, TradingStep
 from feeds.dbn import read_mbp10
 from storage import open_database
 from storage.config import StorageConfig
@@ -30,13 +38,15 @@ from tests.daemon.support import (
     write_config,
 )
 
-_LOOSE_RISK = """
-[risk]
-max_daily_loss = 1e12
-max_drawdown = 1e12
-"""
-"""The P&L breaker runs on the daemon's status tick (wall clock) and after each decision in the
-backtest: with limits that never bind, every other rule is compared."""
+RISK = {
+    "loose": "\n[risk]\nmax_daily_loss = 1e12\nmax_drawdown = 1e12\n",
+    "binding": "\n[risk]\nmax_daily_loss = 300.0\n",
+}
+"""Limits that never bind (every other rule is compared over the whole day), and a daily-loss
+limit that this model on this day breaches part-way (the halt and the flatten are compared)."""
+
+Decision = tuple[int, int, int, int, bool, int, float]
+"""instrument id, bar index of the instrument, bar close time, action, valid, target, size."""
 
 
 def _orders(db: Path) -> list[tuple[Any, ...]]:
@@ -52,33 +62,80 @@ def _fills(db: Path) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
-async def test_daemon_replay_and_event_backtest_trade_identically(tmp_path: Path) -> None:
+def _stream(rows: list[tuple[int, int, int, bool, int, float]]) -> list[Decision]:
+    """Rows (instrument id, close time, action, valid, target, size) in the order decided, with
+    each instrument's bar index, sorted by (close time, instrument) as the backtest's log is."""
+    seen: dict[int, int] = {}
+    out = []
+    for iid, ts, action, valid, target, size in rows:
+        bar = seen.get(iid, 0)
+        seen[iid] = bar + 1
+        out.append((iid, bar, ts, action, valid, target, size))
+    return sorted(out, key=lambda d: (d[2], d[0]))
+
+
+async def _ready(sock: socket.socket) -> None:
+    """Until the daemon sends READY=1 (STATUS-only datagrams may come first)."""
+    loop = asyncio.get_running_loop()
+    while b"READY=1" not in (await loop.sock_recv(sock, 65536)).split(b"\n"):
+        pass
+
+
+@pytest.mark.parametrize("risk", sorted(RISK))
+async def test_daemon_replay_and_event_backtest_trade_identically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, risk: str
+) -> None:
     feed = tmp_path / "synth"
     synth_feed(feed)
     source = f'kind = "replay"\npath = "{feed}"\npace = 0.0'
-    config = write_config(tmp_path / "daemon.toml", config_text(tmp_path / "data", source, extra=_LOOSE_RISK))
+    config = write_config(tmp_path / "daemon.toml", config_text(tmp_path / "data", source, extra=RISK[risk]))
     blob, fingerprint = model_checkpoint(seed=4)
     install_model(config, blob, fingerprint)
     total = int(read_mbp10(feed).shape[0])
 
-    daemon = Daemon(config)
-    task = asyncio.create_task(daemon.run())
-    try:
-        async with asyncio.timeout(300):
-            while not (
-                daemon.status()["feed"].get("records", 0) >= total
-                and daemon._tasks
-                and daemon._tasks[0].done()
-                and not daemon._writes
-                and not daemon.orders.open_orders()
-            ):
+    rows: list[tuple[int, int, int, bool, int, float]] = []
+    real_decide = TradingStep.decide
+
+    def recorded(self: TradingStep, closes: list[BarClose], decider: Decider) -> Step:
+        step = real_decide(self, closes, decider)
+        d = step.decided
+        for j, c in enumerate(closes):
+            rows.append(
+                (
+                    c.instrument_id,
+                    int(c.frame.ts_close[c.row]),
+                    int(d.action[j]),
+                    bool(d.valid[j]),
+                    int(d.target[j]),
+                    float(d.size[j]),
+                )
+            )
+        return step
+
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.setblocking(False)
+    with monkeypatch.context() as patch:
+        patch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
+        patch.setattr(TradingStep, "decide", recorded)
+        daemon = Daemon(config)
+        task = asyncio.create_task(daemon.run())
+        try:
+            async with asyncio.timeout(300):
+                ready = asyncio.create_task(_ready(notify))
+                await asyncio.wait([ready, task], return_when=asyncio.FIRST_COMPLETED)
                 if task.done():
-                    task.result()
-                await asyncio.sleep(0.05)
-        decisions = daemon.counts["decisions"]
-    finally:
-        daemon.request_stop()
-        assert await asyncio.wait_for(task, 60) == 0
+                    task.result()  # the daemon failed at start: its error
+                await ready
+                await daemon._tasks[0]  # the replay feed, to the end of the data
+                await daemon._writes_drained()  # every report committed and counted
+            assert daemon.status()["feed"]["records"] == total
+            assert not daemon.orders.open_orders()
+            daemon_halt = daemon.halts.active.get("risk", "")
+        finally:
+            daemon.request_stop()
+            assert await asyncio.wait_for(task, 60) == 0
+            notify.close()
 
     scratch = tmp_path / "backtest"
     database = open_database(StorageConfig(), scratch)
@@ -96,6 +153,27 @@ async def test_daemon_replay_and_event_backtest_trade_identically(tmp_path: Path
         decider.close()
         database.close()
 
+    log = run.log.arrays()
+    ids = np.asarray([s.instrument_id for s in INSTRUMENTS])[log["instrument"].astype(np.int64)]
+    backtest = [
+        (int(iid), int(bar), int(ts), int(a), bool(v), int(t), float(z))
+        for iid, bar, ts, a, v, t, z in zip(
+            ids,
+            log["bar"],
+            log["ts_ns"],
+            log["action"],
+            log["valid"],
+            log["target"],
+            log["size"],
+            strict=True,
+        )
+    ]
+    daemon_stream = _stream(rows)
+    assert len(daemon_stream) == len(backtest) > 500
+    assert sum(d[4] for d in backtest) > 100, "most decisions are valid"
+    for k, (ours, theirs) in enumerate(zip(daemon_stream, backtest, strict=True)):
+        assert ours == theirs, f"decision {k} differs: daemon {ours}, backtest {theirs}"
+
     daemon_orders, backtest_orders = (
         _orders(Path(config.data_dir) / "tradeagent.db"),
         _orders(scratch / "tradeagent.db"),
@@ -105,6 +183,9 @@ async def test_daemon_replay_and_event_backtest_trade_identically(tmp_path: Path
         _fills(scratch / "tradeagent.db"),
     )
     assert len(backtest_fills) > 20, "the model should trade on this day"
-    assert decisions == int(run.log.arrays()["action"].size)
     assert daemon_orders == backtest_orders
     assert daemon_fills == backtest_fills
+    if risk == "binding":
+        assert run.halt_reason.startswith("daily loss") and daemon_halt == run.halt_reason
+    else:
+        assert run.halt_reason == "" and daemon_halt == ""

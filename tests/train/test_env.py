@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import msgspec
@@ -10,8 +11,11 @@ import pytest
 
 from agent.config import load_config
 from agent.execution.broker import PaperBroker
+from agent.execution.config import FillPrice
 from agent.execution.orders import OrderManager
+from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Fill, Side
+from agent.trading.observation import observation_rows
 from agent.train.data import load_archive
 from agent.train.env import (
     AGENT_FEATURES,
@@ -65,7 +69,8 @@ def test_rewards_costs_and_agent_features_by_hand() -> None:
     r = env.step(np.array([2]))  # long at bar 1: cost 0.5 + 0.1, gross 101 - 102 = -1
     assert r.gross_ticks[0] == -1 and r.cost_ticks[0] == pytest.approx(0.6)
     assert r.reward[0] == pytest.approx(-1.6 * 0.5) and r.position[0] == 1 and not r.done[0]
-    np.testing.assert_allclose(env.observe()[0, -1, F:], [1.0, -0.5])  # upnl -1 tick x 0.5
+    # unrealised from the entry fill (102 + half-spread 0.5) to the mark 101: -1.5 ticks x 0.5
+    np.testing.assert_allclose(env.observe()[0, -1, F:], [1.0, -0.75])
     r = env.step(np.array([0]))  # flip to short at bar 2: cost 2 x 0.6, gross -(104 - 101)
     assert r.gross_ticks[0] == -3 and r.cost_ticks[0] == pytest.approx(1.2) and r.traded[0] == 2
     r = env.step(np.array([0]))  # hold short at bar 3: gross 0
@@ -73,6 +78,88 @@ def test_rewards_costs_and_agent_features_by_hand() -> None:
     r = env.step(np.array([0]))  # bar 4 is the session's last decision bar: closed, done
     assert r.position[0] == 0 and r.cost_ticks[0] == pytest.approx(0.6) and r.done[0]
     assert r.action[0] == 1 and not env.active[0]
+
+
+def test_mid_fills_cost_the_move_of_the_mid_and_the_fee_only() -> None:
+    bars = make_bars([100, 102, 101, 104, 104, 103], spread=2.0)
+    # the book an order meets: its ask 1.5 ticks above the decision mid, its bid 0.5 below, so
+    # its mid is 0.5 above the decision mid
+    bars = dataclasses.replace(bars, buy_cost_ticks=np.full(6, 1.5), sell_cost_ticks=np.full(6, 0.5))
+    norm = fit_norm([(bars, 0, len(bars))])
+    data = build_env_data(
+        [(bars, 0, 6)], norm, window=2, horizon=1, session_gap_s=600, xp=np, fill_price="mid"
+    )
+    np.testing.assert_allclose(data.buy_cost, 0.5)
+    np.testing.assert_allclose(data.sell_cost, -0.5)
+    env = VecEnv(data, 1, reward_scale=1.0, seed=0)
+    env.reset_at(np.array([True]), np.array([1]), np.array([5]))
+    r = env.step(np.array([2]))  # buy at the book's mid 102.5: 0.5 + fee 0.1
+    assert r.cost_ticks[0] == pytest.approx(0.6)
+    np.testing.assert_allclose(env.observe()[0, -1, F:], [1.0, 101 - 102.5])
+    r = env.step(np.array([1]))  # sell at 101.5: it gives up -0.5 (gains the move) + fee 0.1
+    assert r.cost_ticks[0] == pytest.approx(-0.4)
+
+
+@pytest.mark.parametrize("fill_price", ["book", "mid"])
+def test_the_agent_columns_are_the_ledgers_for_the_same_fills(tmp_path: Path, fill_price: FillPrice) -> None:
+    """The environment's two agent columns after each step equal the trading step's observation
+    row (:func:`agent.trading.observation.observation_rows`) of the position and average fill
+    price that the paper broker's fills give a portfolio for the same orders, marked at the same
+    mids: training and trading show the model one state."""
+    synth_feed(tmp_path, days=1)
+    config = load_config(None, env={})
+    broker_config = msgspec.structs.replace(config.broker, latency_ms=25.0, fill_price=fill_price)
+    feeds = msgspec.structs.replace(config.feeds, instruments=INSTRUMENTS)
+    es = load_archive(tmp_path, feeds, INSTRUMENTS, fee_per_contract=0.0, latency_ms=25.0)["ES"]
+    spec = INSTRUMENTS[0]
+    records = read_mbp10(tmp_path)
+    frame = compute_all(records, INSTRUMENTS, feeds.bars, feeds.health).frames["ES"]
+    mine = np.flatnonzero(records["instrument_id"] == spec.instrument_id)
+    closing = mine[np.minimum(np.searchsorted(mine, frame.close_index, side="right"), mine.size - 1)]
+    closing_ns = records["ts_recv"][closing].astype(np.int64)
+    # Orders go out only where the fill is in before the next bar's decision (the environment's
+    # assumption; the trading step would still see the order working otherwise).
+    in_time = np.r_[closing_ns[1:] > closing_ns[:-1] + 25_000_000, False]
+    part = [(es, 0, len(es))]
+    data = build_env_data(
+        part, fit_norm(part), window=2, horizon=1, session_gap_s=600, xp=np, fill_price=fill_price
+    )
+    np.testing.assert_array_equal(data.ts_ns, es.ts_ns)  # one session: env bar k is bar k
+    broker = PaperBroker(broker_config, [s.instrument_id for s in INSTRUMENTS])
+    portfolio = Portfolio(INSTRUMENTS)
+    orders = OrderManager("t")
+    env = VecEnv(data, 1, reward_scale=0.5, seed=0)
+    start, steps = 10, 120
+    env.reset_at(np.array([True]), np.array([start]), np.array([start + steps]))
+    rng = np.random.default_rng(5)
+    fed = 0
+    compared = traded = 0
+    for t in range(start, start + steps):
+        for report in broker.on_records(records[fed : closing[t] + 1]):
+            if isinstance(report, Fill):
+                portfolio.apply(report)
+        fed = int(closing[t]) + 1
+        if t > start:  # the state at bar t's decision, as the environment shows it
+            row = observation_rows(
+                np.zeros((1, F), dtype=np.float32),
+                positions=np.array([portfolio.position(spec.instrument_id)]),
+                entry_px=np.array([portfolio.avg_price(spec.instrument_id)]),
+                mid_ticks=np.array([data.mark[t]]),
+                tick_px=np.array([float(tick_fixed(spec.tick_size))]),
+                reward_scale=0.5,
+            )
+            np.testing.assert_allclose(env.agent[0, -1], row[0, F:], rtol=1e-6, atol=1e-6)
+            compared += 1
+        before = int(env.position[0])
+        # a walk over short / flat / long one contract at a time (unit orders: one level's fill)
+        want = int(np.clip(before + rng.integers(-1, 2), -1, 1)) if in_time[t] else before
+        after = int(env.step(np.array([want + 1])).position[0])
+        if after != before:
+            side: Side = "buy" if after > before else "sell"
+            order = orders.new(spec.instrument_id, side, 1, ts_ns=int(closing_ns[t]))
+            assert broker.submit(order) == []
+            traded += 1
+    assert compared == steps - 1 and traded >= 20
 
 
 def test_non_tradable_bars_freeze_position_and_credit_the_move_later() -> None:
