@@ -37,6 +37,10 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     """Normalised reward units per tick of P&L (also scales the unrealised-P&L feature)."""
     eval_envs: int = 256
     """Contiguous chunks evaluated in lockstep on a test block (each starts flat)."""
+    eval_workers: int = 0
+    """Worker processes for the gate's as-traded evaluations (each fold's, and the incumbent's),
+    which then run beside the training: 0 = one per evaluation up to the host's cores less two
+    (none below four cores), 1 = in the trainer's process, one after another."""
     # --- learner ------------------------------------------------------------------------------
     epochs: int = 8
     """Epochs per fold; the Q-drift gate runs after each."""
@@ -131,8 +135,8 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         for name, fvalue in positive.items():
             if not (math.isfinite(fvalue) and fvalue > 0):
                 raise ValueError(f"{name} must be a positive number, got {fvalue}")
-        if self.gap_bars < 0 or self.learning_starts < 0 or self.cpu_threads < 0:
-            raise ValueError("gap_bars, learning_starts and cpu_threads must be >= 0")
+        if self.gap_bars < 0 or self.learning_starts < 0 or self.cpu_threads < 0 or self.eval_workers < 0:
+            raise ValueError("gap_bars, learning_starts, cpu_threads and eval_workers must be >= 0")
         if not 0.0 < self.gamma < 1.0:
             raise ValueError(f"gamma must be in (0, 1), got {self.gamma}")
         if not 0.0 < self.polyak_rho <= 1.0:

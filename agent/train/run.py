@@ -37,8 +37,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from agent.backtest.errors import BacktestError
-from agent.backtest.inputs import ResolvedCheckpoint, check_compatible, ns_iso, parse_bound
-from agent.backtest.run import BacktestRequest, BacktestResult, run_backtest
+from agent.backtest.inputs import check_compatible, ns_iso, parse_bound
 from agent.config import Config
 from agent.gpu.backend import Backend, select_backend
 from agent.model import ModelConfig, init_params, layout_fingerprint, param_shapes
@@ -61,6 +60,7 @@ from agent.train.env import (
     rollout,
 )
 from agent.train.errors import IncumbentUnusable, TrainError, TrainTimeout
+from agent.train.evaluate import AsTradedRunner, Pending, eval_workers
 from agent.train.floors import VOL_REF_FLOOR, floor_target, next_floor, vol_ema_of
 from agent.train.folds import plan_folds
 from agent.train.gates import (
@@ -377,23 +377,32 @@ def _run_training(config: Config, request: TrainRequest, progress: Progress, bac
             incumbent_sha256=incumbent.sha256,
             incumbent_note=incumbent.note,
         )
-        run = _Run(
-            config=config,
-            request=request,
-            model_cfg=model_cfg,
-            xp=xp,
-            bars=bars,
-            specs=specs,
-            folds=folds,
-            summary=summary,
-            progress=progress,
-            current_floors=current_floors,
-            n_trials=registry.count_runs(instrument_set) + 1,
+        trade_config = msgspec.structs.replace(
+            config, feeds=msgspec.structs.replace(config.feeds, instruments=tuple(specs))
         )
-        run.train_all()
+        jobs = len(folds) * (2 if incumbent.checkpoint is not None else 1)
+        with AsTradedRunner(
+            trade_config, request.data, workers=eval_workers(cfg.eval_workers, jobs)
+        ) as runner:
+            run = _Run(
+                config=config,
+                request=request,
+                model_cfg=model_cfg,
+                xp=xp,
+                bars=bars,
+                specs=specs,
+                folds=folds,
+                summary=summary,
+                progress=progress,
+                current_floors=current_floors,
+                n_trials=registry.count_runs(instrument_set) + 1,
+                runner=runner,
+                incumbent=incumbent.checkpoint,
+            )
+            run.train_all()
+            run.collect()
         if request.deadline is not None and time.monotonic() > request.deadline:
             raise TrainTimeout("the time limit was reached before the results were registered")
-        run.evaluate_incumbent(incumbent.checkpoint)
         run.decide()
         run.register(registry, floors_repo, store, current_floors)
         summary.wall_s = time.monotonic() - started
@@ -433,6 +442,21 @@ def _load_incumbent(
     return _Incumbent(ckpt, record.sha256, None)
 
 
+@dataclass(frozen=True)
+class _PendingFold:
+    """A tested fold whose as-traded evaluations run beside the training."""
+
+    index: int
+    edges: tuple[int, int, int, int]
+    test_from: str
+    test_to: str
+    sha256: str
+    greedy: Rollout
+    """The greedy one-contract diagnostic, taken when the fold was tested."""
+    as_traded: Pending
+    incumbent: Pending | None
+
+
 class _Run:
     """The state of one run between its phases (see :func:`run_training`)."""
 
@@ -450,18 +474,22 @@ class _Run:
         progress: Progress,
         current_floors: Mapping[str, Any],
         n_trials: int,
+        runner: AsTradedRunner,
+        incumbent: Checkpoint | None,
     ) -> None:
         self.config, self.request, self.model_cfg, self.xp = config, request, model_cfg, xp
+        self.runner = runner
+        """Runs the as-traded evaluations (worker processes, or this one)."""
+        self.incumbent = incumbent
+        """The incumbent to evaluate on the same blocks (verified before training), or None."""
+        self.pending: list[_PendingFold] = []
+        """Tested folds whose as-traded evaluations may still be running (:meth:`collect`)."""
         self.bars, self.specs, self.folds, self.summary = bars, specs, folds, summary
         self.progress = progress
         self.current_floors = current_floors
         """Learned floors as stored when the run started (symbol -> record or None)."""
         self.n_trials = n_trials
         """Retrains of this instrument set so far, this one included (the deflated Sharpe's N)."""
-        self.trade_config = msgspec.structs.replace(
-            config, feeds=msgspec.structs.replace(config.feeds, instruments=tuple(specs))
-        )
-        """The configuration the as-traded evaluation trades: the trained instruments only."""
         self.curves = Curves()
         self.tests: list[tuple[tuple[int, int], dict[int, float], bytes]] = []
         """Per tested fold: its replay window [start, end) ns, the floors it was traded with and
@@ -558,23 +586,6 @@ class _Run:
             metadata={"seed": self.config.seed, "instrument_set": self.summary.instrument_set},
         )
 
-    def _as_traded(
-        self, checkpoint: Checkpoint, floors: dict[int, float], window: tuple[int, int]
-    ) -> BacktestResult:
-        """The daemon's policy on ``window`` (``[start, end)`` ns): the event-driven backtest of
-        ``tradeagent backtest``, on the trained instruments, starting flat with cold regime
-        trackers over the learned floors, fills at arrival + latency, fees."""
-        return run_backtest(
-            self.trade_config,
-            BacktestRequest(
-                data=self.request.data,
-                checkpoint=ResolvedCheckpoint(checkpoint, floors),
-                start_ns=window[0],
-                end_ns=window[1],
-            ),
-            SILENT,
-        )
-
     def _test_fold(
         self,
         index: int,
@@ -583,6 +594,11 @@ class _Run:
         parts: list[tuple[InstrumentBars, int, int]],
         floors: dict[int, float],
     ) -> None:
+        """Submit the fold's as-traded evaluations (the model, and the incumbent on the same
+        block: the daemon's policy through ``tradeagent backtest``'s event-driven driver, on the
+        trained instruments, starting flat with cold regime trackers over the learned floors,
+        fills at arrival + latency, fees), then take the diagnostics that need the learner as it
+        stands: the greedy one-contract rollout and the kill criteria."""
         cfg = self.config.train
         # The block's bounds as ISO strings and back: the window a user passes to `backtest`.
         test_from, test_to = ns_iso(edges[2]), ns_iso(edges[3] + 999)
@@ -590,16 +606,10 @@ class _Run:
         blob = self._fold_checkpoint(norm)
         checkpoint = checkpoint_from_bytes(blob)
         self.tests.append((window, floors, blob))
-        traded = self._as_traded(checkpoint, floors, window)
-        self.progress.advance("evaluate")
-        books = traded.books
-        self.curves.add("candidate", books)
-        for name, base_books in traded.baselines.items():
-            self.curves.add(name, base_books)
-        bucket = cfg.sharpe_bucket_s
+        as_traded = self.runner.submit(checkpoint, floors, window)
+        incumbent = None if self.incumbent is None else self.runner.submit(self.incumbent, floors, window)
         env = self._env_data(parts, norm, self.model_cfg)
         greedy = _evaluate(env, lambda obs, t: self.learner.greedy(obs), self.config)
-        self.curves.add("greedy_unit", greedy)
         # "Did it learn?" asks the network, not the sizing: its greedy unit positions against
         # the random policy's in the same environment.
         random = _evaluate(env, baseline_policy("random", self.xp, self.config.seed + index), self.config)
@@ -615,51 +625,56 @@ class _Run:
                 config=cfg,
             )
         )
-        greedy_mix = np.bincount(greedy.action, minlength=3) / max(greedy.action.shape[0], 1)
-        mix = traded.summary.action_mix
-        fold = FoldSummary(
-            index=index,
-            train_ns=(edges[0], edges[1]),
-            test_ns=(edges[2], edges[3]),
-            test_from=test_from,
-            test_to=test_to,
-            checkpoint_sha256=checkpoint.sha256,
-            as_traded=_trading(books, bucket),
-            greedy_unit=_trading(greedy, bucket),
-            baselines={name: _trading(b, bucket) for name, b in traded.baselines.items()},
-            as_traded_mix=[mix["short"], mix["flat"], mix["long"]],
-            greedy_mix=greedy_mix.tolist(),
-        )
-        self.summary.folds.append(fold)
-        log.info(
-            "fold %d, as traded: P&L %.2f, Sharpe %.2f, PSR %.3f (flat %.2f, random %.2f, long %.2f); "
-            "greedy one contract: P&L %.2f",
-            index,
-            fold.as_traded.pnl,
-            fold.as_traded.sharpe,
-            fold.as_traded.psr,
-            fold.baselines["flat"].pnl,
-            fold.baselines["random"].pnl,
-            fold.baselines["long"].pnl,
-            fold.greedy_unit.pnl,
+        self.pending.append(
+            _PendingFold(index, edges, test_from, test_to, checkpoint.sha256, greedy, as_traded, incumbent)
         )
 
-    # incumbent ----------------------------------------------------------------------------------
-
-    def evaluate_incumbent(self, ckpt: Checkpoint | None) -> None:
-        """The incumbent (verified before training; None: none) as traded on the same test
-        blocks, with the same floors."""
-        s = self.summary
-        if ckpt is None or s.halted or not self.tests:
-            return
-        bucket = self.config.train.sharpe_bucket_s
-        self.progress.start("incumbent", len(self.tests))
-        for i, (window, floors, _) in enumerate(self.tests):
-            books = self._as_traded(ckpt, floors, window).books
-            self.curves.add("incumbent", books)
-            s.folds[i] = msgspec.structs.replace(s.folds[i], incumbent=_trading(books, bucket))
-            self.progress.advance("incumbent")
-        s.incumbent_sharpe = self.curves.performance("incumbent", bucket).sharpe
+    def collect(self) -> None:
+        """Wait for the tested folds' evaluations, in fold order: the as-traded books, the
+        baselines and the incumbent's books into the curves, each fold into the summary."""
+        s, bucket = self.summary, self.config.train.sharpe_bucket_s
+        for p in self.pending:
+            traded = p.as_traded.result()
+            self.progress.advance("evaluate")
+            books = traded.books
+            self.curves.add("candidate", books)
+            for name, base_books in traded.baselines.items():
+                self.curves.add(name, base_books)
+            self.curves.add("greedy_unit", p.greedy)
+            greedy_mix = np.bincount(p.greedy.action, minlength=3) / max(p.greedy.action.shape[0], 1)
+            mix = traded.summary.action_mix
+            fold = FoldSummary(
+                index=p.index,
+                train_ns=(p.edges[0], p.edges[1]),
+                test_ns=(p.edges[2], p.edges[3]),
+                test_from=p.test_from,
+                test_to=p.test_to,
+                checkpoint_sha256=p.sha256,
+                as_traded=_trading(books, bucket),
+                greedy_unit=_trading(p.greedy, bucket),
+                baselines={name: _trading(b, bucket) for name, b in traded.baselines.items()},
+                as_traded_mix=[mix["short"], mix["flat"], mix["long"]],
+                greedy_mix=greedy_mix.tolist(),
+            )
+            if p.incumbent is not None:
+                incumbent_books = p.incumbent.result().books
+                self.curves.add("incumbent", incumbent_books)
+                fold = msgspec.structs.replace(fold, incumbent=_trading(incumbent_books, bucket))
+            s.folds.append(fold)
+            log.info(
+                "fold %d, as traded: P&L %.2f, Sharpe %.2f, PSR %.3f (flat %.2f, random %.2f, long %.2f); "
+                "greedy one contract: P&L %.2f",
+                p.index,
+                fold.as_traded.pnl,
+                fold.as_traded.sharpe,
+                fold.as_traded.psr,
+                fold.baselines["flat"].pnl,
+                fold.baselines["random"].pnl,
+                fold.baselines["long"].pnl,
+                fold.greedy_unit.pnl,
+            )
+        if "incumbent" in self.curves.records:
+            s.incumbent_sharpe = self.curves.performance("incumbent", bucket).sharpe
 
     # gates ------------------------------------------------------------------------------------
 

@@ -1,0 +1,117 @@
+"""The gate's as-traded evaluations, run beside the training.
+
+Each fold's model (and the incumbent) is scored by ``tradeagent backtest``'s event-driven
+driver on the fold's test block (:func:`agent.backtest.run.run_backtest`). Those backtests are
+independent of each other and of the folds still training, so :class:`AsTradedRunner` runs them
+in worker processes while the trainer goes on; the results are the same, to the cent, as the
+same backtests run one after another (each is deterministic and starts from nothing but the
+checkpoint, its floors and the window).
+
+With one worker (``train.eval_workers = 1``, or ``0`` on a host with fewer than four cores) the
+backtests run in this process when submitted, as before. Workers are spawned (never forked: the
+parent may hold a CUDA context) and each builds its own inference engine on the configured
+device.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from multiprocessing.pool import AsyncResult
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol
+
+from agent.backtest.inputs import ResolvedCheckpoint
+from agent.backtest.run import BacktestRequest, BacktestResult, run_backtest
+from agent.config import Config
+from agent.model.checkpoint import Checkpoint
+from agent.progress import SILENT
+
+__all__ = ["AsTradedRunner", "Pending", "eval_workers"]
+
+
+def eval_workers(configured: int, jobs: int) -> int:
+    """Worker processes for ``jobs`` evaluations: ``configured`` when set, else (0) one per job up
+    to the host's cores less two (the trainer's and the system's), 1 below four cores."""
+    if configured > 0:
+        return min(configured, max(1, jobs))
+    cores = os.cpu_count() or 1
+    return 1 if cores < 4 else max(1, min(jobs, cores - 2))
+
+
+def _as_traded(
+    config: Config, data: Path, checkpoint: Checkpoint, floors: dict[int, float], window: tuple[int, int]
+) -> BacktestResult:
+    """One evaluation (a worker's job; the verified checkpoint travels pickled)."""
+    request = BacktestRequest(
+        data=data, checkpoint=ResolvedCheckpoint(checkpoint, floors), start_ns=window[0], end_ns=window[1]
+    )
+    return run_backtest(config, request, SILENT)
+
+
+class Pending(Protocol):
+    """An evaluation that may still be running: ``result()`` waits for it (and raises what it
+    raised)."""
+
+    def result(self) -> BacktestResult: ...
+
+
+class _Done:
+    """An evaluation run in this process."""
+
+    def __init__(self, value: BacktestResult | None, error: BaseException | None) -> None:
+        self._value, self._error = value, error
+
+    def result(self) -> BacktestResult:
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
+class _Async:
+    """An evaluation in a worker process."""
+
+    def __init__(self, handle: AsyncResult[BacktestResult]) -> None:
+        self._handle = handle
+
+    def result(self) -> BacktestResult:
+        return self._handle.get()
+
+
+class AsTradedRunner:
+    """Submits as-traded evaluations. Leaving the ``with`` block waits for the workers when all
+    went well; after an error (a time limit, an interrupt) it terminates them at once."""
+
+    def __init__(self, config: Config, data: Path, *, workers: int) -> None:
+        self.config, self.data = config, data
+        self.workers = workers
+        self._pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
+
+    def submit(self, checkpoint: Checkpoint, floors: dict[int, float], window: tuple[int, int]) -> Pending:
+        """The evaluation of ``checkpoint`` traded with ``floors`` on ``window`` ([start, end) ns)."""
+        args = (self.config, self.data, checkpoint, floors, window)
+        if self._pool is not None:
+            return _Async(self._pool.apply_async(_as_traded, args))
+        try:
+            return _Done(_as_traded(*args), None)
+        except Exception as exc:  # raised by result(), as a worker's error would be
+            return _Done(None, exc)
+
+    def close(self, *, terminate: bool = False) -> None:
+        if self._pool is not None:
+            if terminate:
+                self._pool.terminate()
+            else:
+                self._pool.close()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> AsTradedRunner:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(terminate=kind is not None)
