@@ -15,8 +15,11 @@ Keys (README "Benchmarks"):
   wake-up, output copy and bookkeeping).
 * ``decisions_per_s_b4096``: decisions per second at 4096 instruments per call (K from the model
   configuration, 32 by default).
-* ``train_samples_per_s``: samples per second of forward + backward + gradient clipping + Adam
-  at batch ``--train-batch`` (4096), the model package's own code on the chosen device.
+* ``train_samples_per_s``: samples per second of the trainer's update at batch ``--train-batch``
+  (4096): on a CUDA device the fused kernels ``train`` runs (:mod:`agent.kernels.train`: target
+  networks on s', forward, losses, backward, clipping, Adam, target sync), else (and for models
+  too large for them) the array code's forward + backward + clipping + Adam; ``train_kind`` says
+  which.
 * With ``--device cuda``, ``decisions_per_s_vs_cpu`` and ``train_vs_cpu``: the ratios to the
   CPU path measured in the same run (``cpu_decisions_per_s_b4096``, ``cpu_train_samples_per_s``),
   unless ``--no-cpu-reference``.
@@ -41,13 +44,15 @@ from threadpoolctl import threadpool_limits
 
 from agent.gpu.backend import Backend, select_backend
 from agent.gpu.engine import SPREAD_FEATURE, InferenceEngine
-from agent.kernels.loader import cupy
+from agent.kernels.loader import cupy, kernel
+from agent.kernels.train import INPUTS, FusedUpdate, UpdateSettings, input_shape, pack_train, train_layout
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.config import ModelConfig
 from agent.model.losses import c51_loss_and_grad, return_loss_and_grad
 from agent.model.network import backward, forward
 from agent.model.optim import Adam, clip_grad_norm
 from agent.model.params import init_params
+from agent.train.cuda_learner import fused_fits
 
 if TYPE_CHECKING:  # the benchmark reads only config.device, .model and .policy
     from agent.config import Config
@@ -176,6 +181,10 @@ def _decisions_per_s(cfg: ModelConfig, config: Config, backend: Backend, calls: 
 
 
 def _train_samples_per_s(cfg: ModelConfig, backend: Backend, batch: int, steps: int) -> float:
+    """Samples per second of the trainer's update at ``batch``: the fused kernels on a CUDA
+    device where the model fits them (what ``train`` runs there), else the array code."""
+    if backend.is_cuda and fused_fits(cfg):
+        return _fused_samples_per_s(cfg, batch, steps)
     xp = backend.xp
     rng = np.random.default_rng(4)
     params = init_params(cfg, rng, xp)
@@ -202,6 +211,54 @@ def _train_samples_per_s(cfg: ModelConfig, backend: Backend, batch: int, steps: 
         step()
     if backend.is_cuda:
         cupy().cuda.Device().synchronize()
+    return batch * steps / (time.perf_counter() - t0)
+
+
+def _fused_samples_per_s(cfg: ModelConfig, batch: int, steps: int) -> float:
+    """The fused update (agent.kernels.train) on random windows of a 100k-bar feature table."""
+    cp = cupy()
+    rng = np.random.default_rng(4)
+    layout = train_layout(cfg)
+    rows = 100_000
+
+    def get(name: str) -> Any:
+        fn = kernel("train.cu", name, options=layout.options)
+        shared = {"backward_kernel": layout.backward_shared, "next_logits_kernel": layout.forward_shared}
+        if name in shared:
+            fn.max_dynamic_shared_size_bytes = shared[name]
+        return fn
+
+    inputs: dict[str, Any] = {}
+    for name, (_, dtype) in INPUTS.items():
+        inputs[name] = cp.zeros(input_shape(name, batch, cfg), dtype=dtype)
+    inputs["t_obs"][...] = cp.asarray(rng.integers(cfg.window, rows - 4, batch))
+    inputs["t_next"][...] = inputs["t_obs"] + 1
+    inputs["agent_obs"][...] = cp.asarray(rng.normal(size=inputs["agent_obs"].shape).astype(np.float32))
+    inputs["agent_next"][...] = inputs["agent_obs"]
+    inputs["action"][...] = cp.asarray(rng.integers(0, cfg.n_actions, batch).astype(np.int32))
+    inputs["reward"][...] = cp.asarray(rng.normal(size=batch).astype(np.float32))
+    inputs["discount"][...] = np.float32(0.9**3)
+    inputs["label"][...] = cp.asarray(rng.normal(size=batch) * 3.0)
+    settings = UpdateSettings(
+        lr=2.5e-4, eps=3.125e-4, max_norm=10.0, target_mode=1, rho=0.005, hard_every=1000, ret_weight=1.0
+    )
+    update = FusedUpdate(
+        cfg,
+        settings,
+        xp=cp,
+        get=get,
+        packed=pack_train(init_params(cfg, rng), cfg),
+        inputs=inputs,
+        ring_size=steps + 2,
+        blocks=int(cp.cuda.Device().attributes["MultiProcessorCount"]),
+    )
+    update.feat = cp.asarray(rng.normal(size=(rows, cfg.n_features - 2)).astype(np.float32))
+    update.enqueue()
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        update.enqueue()
+    cp.cuda.Device().synchronize()
     return batch * steps / (time.perf_counter() - t0)
 
 
@@ -241,6 +298,7 @@ def _measure(args: argparse.Namespace, config: Config, backend: Backend, cfg: Mo
         phase("training step")
         out["train_batch"] = args.train_batch
         out["train_samples_per_s"] = _train_samples_per_s(cfg, backend, args.train_batch, 20 if cuda else 3)
+        out["train_kind"] = "fused CUDA kernels" if cuda and fused_fits(cfg) else "array code"
         phase("CPU reference")
         if cuda and not args.no_cpu_reference:
             cpu = select_backend("cpu")

@@ -214,9 +214,7 @@ def _retrain(
     train = msgspec.structs.replace(cfg, folds=STANDARD_FOLDS, steps_per_epoch=steps)
     run_config = msgspec.structs.replace(config, data_dir=str(state), train=train)
     start = time.perf_counter()
-    summary = run_training(
-        run_config, TrainRequest(data=data, instruments=["ES"], bars=bars)
-    ).summary
+    summary = run_training(run_config, TrainRequest(data=data, instruments=["ES"], bars=bars)).summary
     measured = load_s + time.perf_counter() - start
     out: dict[str, Any] = {
         "standard_retrain_s": measured,

@@ -135,15 +135,8 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
     }
     __syncthreads();
     if (warp == 0) {
-        // policy.selection: the best expected Q (ties to the lowest action), or Thompson.
-        int best = 0;
-        if (greedy) {
-            for (int a = 1; a < MF_A; ++a) {
-                if (row_q[a] > row_q[best]) best = a;
-            }
-        } else {
-            best = thompson_warp(qprobs, support, seed, purpose, (unsigned int)s, row_step, MF_A, MF_ATOMS, nullptr);
-        }
+        const int best = select_action_warp(greedy != 0, row_q, qprobs, support, seed, purpose, (unsigned int)s,
+                                            row_step, MF_A, MF_ATOMS);
         const KellyPolicy pol{capital, fee, min_edge, kelly_fraction, scale_floor, max_contracts};
         const KellyResult k = kelly_warp(rprobs, centres64, MF_NR, best - 1, tick_value[s], row_regime,
                                          row_spread, row_valid != 0, row_position, pol);

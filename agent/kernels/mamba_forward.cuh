@@ -31,6 +31,12 @@
 #ifndef MF_STAGE
 #define MF_STAGE 0
 #endif
+#ifndef MF_ADAPT
+#define MF_ADAPT 0
+#endif
+// Chunks of steps the conv splits a channel into: as many as keep every (channel, chunk) item on
+// its own thread (then the conv reads all inputs, waits, and writes), else 1.
+#define MF_CHUNKS (MF_THREADS / MF_CD > 1 ? (MF_THREADS / MF_CD > MF_K ? MF_K : MF_THREADS / MF_CD) : 1)
 #define MF_WARPS (MF_THREADS / 32)
 
 // Shared memory layout (floats; every region a multiple of 4 for float4 access).
@@ -86,11 +92,12 @@ __device__ __forceinline__ void mf_stage_wait() {
 }
 
 // Row tile of a matmul over nt rows and ncols outputs: the throughput variant's MF_TG; the
-// latency variant's largest tile in {8, 4, 2, 1} that still gives every thread a work item.
+// latency variant's largest tile in {8, 4, 2, 1} that still gives every thread a work item, the
+// trainer's (MF_ADAPT) the same below MF_TG.
 __host__ __device__ constexpr int mf_tile(int ncols, int nt) {
-    if (!MF_STAGE) return MF_TG;
+    if (!MF_STAGE && !MF_ADAPT) return MF_TG;
     const int groups = (ncols % 4 == 0) ? ncols / 4 : ncols;
-    for (int tg = 8; tg > 1; tg /= 2) {
+    for (int tg = MF_STAGE ? 8 : MF_TG; tg > 1; tg /= 2) {
         if (groups * ((nt + tg - 1) / tg) >= MF_THREADS) return tg;
     }
     return 1;
@@ -245,24 +252,42 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
             }
         }
 
-        // Causal depthwise conv + SiLU over the x, B, C channels, one channel per thread.
-        for (int c = threadIdx.x; c < MF_CD; c += MF_THREADS) {
-            float raw[MF_K];
+        // Causal depthwise conv + SiLU over the x, B, C channels: a thread a (channel, chunk of
+        // steps) with the channel's weights and the chunk's inputs (and the W - 1 steps before it)
+        // in registers; every input is read before any output overwrites it in place. With more
+        // channels than threads, a thread takes whole channels in turn (no chunk boundaries).
+        {
+            constexpr int CHUNKS = MF_CHUNKS;
+            constexpr int CS = (MF_K + CHUNKS - 1) / CHUNKS;
+            for (int base = 0; base < MF_CD * CHUNKS; base += MF_THREADS) {
+                const int item = base + threadIdx.x;
+                const bool mine = item < MF_CD * CHUNKS;
+                const int c = item % MF_CD, t0 = (item / MF_CD) * CS;
+                float raw[CS + MF_W - 1];
+                float cw[MF_W];
+                float cb = 0.0f;
+                if (mine) {
 #pragma unroll
-            for (int t = 0; t < MF_K; ++t) raw[t] = zx[t * MF_IP + MF_DI + c];
-            float cw[MF_W];
+                    for (int k = 0; k < MF_W; ++k) cw[k] = __ldg(blk + BLK_CONV_W + c * MF_W + k);
+                    cb = __ldg(blk + BLK_CONV_B + c);
 #pragma unroll
-            for (int k = 0; k < MF_W; ++k) cw[k] = __ldg(blk + BLK_CONV_W + c * MF_W + k);
-            const float cb = __ldg(blk + BLK_CONV_B + c);
-#pragma unroll
-            for (int t = 0; t < MF_K; ++t) {
-                float pre = 0.0f;
-#pragma unroll
-                for (int k = 0; k < MF_W; ++k) {
-                    const int src = t - MF_W + 1 + k;
-                    if (src >= 0) pre += raw[src] * cw[k];
+                    for (int i = 0; i < CS + MF_W - 1; ++i) {
+                        const int t = t0 - (MF_W - 1) + i;
+                        raw[i] = (t >= 0 && t < MF_K) ? zx[t * MF_IP + MF_DI + c] : 0.0f;
+                    }
                 }
-                zx[t * MF_IP + MF_DI + c] = mf_silu(cb + pre);
+                if constexpr (CHUNKS > 1) __syncthreads();  // (one pass: every item read first)
+                if (mine) {
+#pragma unroll
+                    for (int i = 0; i < CS; ++i) {
+                        if (t0 + i < MF_K) {
+                            float pre = cb;
+#pragma unroll
+                            for (int k = 0; k < MF_W; ++k) pre += raw[i + k] * cw[k];
+                            zx[(t0 + i) * MF_IP + MF_DI + c] = mf_silu(pre);
+                        }
+                    }
+                }
             }
         }
         // dt = softplus(dt_raw + dt_bias)
@@ -273,43 +298,51 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
         }
         __syncthreads();
 
-        // SSM scan from zero state, one (head, channel) per thread; y (with the D skip)
-        // overwrites x in place where it is needed.
+        // SSM scan from zero state, one (head, channel) per thread, every step unrolled with its
+        // outputs kept in registers: no store inside the loop, so the next step's loads issue
+        // while this step computes. y (with the D skip) then overwrites x where it is needed.
         for (int idx = threadIdx.x; idx < MF_DI; idx += MF_THREADS) {
             const int h = idx / MF_P;
             const int g = h / (MF_H / MF_G);
             const float A = -expf(__ldg(blk + BLK_A + h));  // the layout stores A_log
             const float Dh = __ldg(blk + BLK_D + h);
             float state[MF_N];
+            float ys[MF_K];
 #pragma unroll
             for (int n = 0; n < MF_N; ++n) state[n] = 0.0f;
+#pragma unroll
             for (int t = 0; t < MF_K; ++t) {
-                float* row = zx + t * MF_IP;
+                const float* row = zx + t * MF_IP;
                 const float xv = row[MF_DI + idx];
                 const float dtv = row[MF_DI + MF_CD + h];
                 const float decay = __expf(dtv * A);  // dt * A <= 0: decay in (0, 1]
                 const float dx = dtv * xv;
                 const float* Bt = row + 2 * MF_DI + g * MF_N;
                 const float* Ct = row + 2 * MF_DI + MF_G * MF_N + g * MF_N;
+                float y = 0.0f;
 #if MF_N % 4 == 0 && MF_IP % 4 == 0 && MF_DI % 4 == 0
 #pragma unroll
-                for (int n = 0; n < MF_N; n += 4) {  // B_t read as float4 (16-byte aligned rows)
+                for (int n = 0; n < MF_N; n += 4) {  // B_t and C_t read as float4 (16-byte aligned rows)
                     const float4 b4 = *reinterpret_cast<const float4*>(Bt + n);
+                    const float4 c4 = *reinterpret_cast<const float4*>(Ct + n);
                     state[n] = decay * state[n] + dx * b4.x;
                     state[n + 1] = decay * state[n + 1] + dx * b4.y;
                     state[n + 2] = decay * state[n + 2] + dx * b4.z;
                     state[n + 3] = decay * state[n + 3] + dx * b4.w;
+                    y += state[n] * c4.x + state[n + 1] * c4.y + state[n + 2] * c4.z + state[n + 3] * c4.w;
                 }
 #else
 #pragma unroll
-                for (int n = 0; n < MF_N; ++n) state[n] = decay * state[n] + dx * Bt[n];
-#endif
-                if (t >= t_out) {
-                    float y = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < MF_N; ++n) y += state[n] * Ct[n];
-                    row[MF_DI + idx] = y + Dh * xv;
+                for (int n = 0; n < MF_N; ++n) {
+                    state[n] = decay * state[n] + dx * Bt[n];
+                    y += state[n] * Ct[n];
                 }
+#endif
+                ys[t] = y + Dh * xv;
+            }
+#pragma unroll
+            for (int t = 0; t < MF_K; ++t) {
+                if (t >= t_out) zx[t * MF_IP + MF_DI + idx] = ys[t];
             }
         }
         __syncthreads();

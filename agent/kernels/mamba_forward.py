@@ -49,9 +49,16 @@ class Variant:
     """Time steps per matmul work item where weights are not staged."""
     staged: bool
     """Weights copied into shared memory stage by stage (one block a multiprocessor)."""
+    adaptive: bool = False
+    """Unstaged matmuls shrink their row tile below ``tile`` until every thread has work."""
 
     def options(self) -> tuple[str, ...]:
-        return (f"-DMF_THREADS={self.threads}", f"-DMF_TG={self.tile}", f"-DMF_STAGE={int(self.staged)}")
+        return (
+            f"-DMF_THREADS={self.threads}",
+            f"-DMF_TG={self.tile}",
+            f"-DMF_STAGE={int(self.staged)}",
+            f"-DMF_ADAPT={int(self.adaptive)}",
+        )
 
 
 LATENCY = Variant("latency", 512, 4, staged=True)

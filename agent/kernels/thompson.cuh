@@ -42,3 +42,20 @@ __device__ __forceinline__ int thompson_warp(const float* p, const float* __rest
     }
     return best;
 }
+
+// policy.selection for one row on a warp: the best expected Q (ties to the lowest action) when
+// greedy, else the Thompson draw (thompson_warp). q (A) and p (A x N) readable by every lane;
+// every lane returns the action.
+__device__ __forceinline__ int select_action_warp(bool greedy, const float* q, const float* p,
+                                                  const float* __restrict__ support, unsigned long long seed,
+                                                  unsigned int purpose, unsigned int env, unsigned long long step,
+                                                  int n_actions, int n_atoms) {
+    if (greedy) {
+        int best = 0;
+        for (int a = 1; a < n_actions; ++a) {
+            if (q[a] > q[best]) best = a;
+        }
+        return best;
+    }
+    return thompson_warp(p, support, seed, purpose, env, step, n_actions, n_atoms, nullptr);
+}

@@ -38,7 +38,7 @@ from agent.kernels.mamba_forward import Variant, forward_layout, pack_params
 from agent.model.arrays import Params
 from agent.model.config import ModelConfig
 from agent.model.heads import c51_support, expected_q, q_probs, return_bin_of
-from agent.model.losses import c51_loss_and_grad, c51_project_ref, return_loss_and_grad
+from agent.model.losses import c51_loss_and_grad, c51_project_ref, munchausen_project, return_loss_and_grad
 from agent.model.network import backward, forward
 from agent.model.optim import Adam, AdamState
 from agent.model.params import block_prefix, param_shapes
@@ -58,8 +58,9 @@ __all__ = [
     "update_ref",
 ]
 
-TRAIN = Variant("train", 512, 4, staged=False)
-"""The trainer's compiled form: 512 threads a block, weights read through the cache."""
+TRAIN = Variant("train", 512, 4, staged=False, adaptive=True)
+"""The trainer's compiled form: 512 threads a block, weights read through the cache, row tiles
+that keep every thread busy."""
 
 COUNTERS = ("adam_step", "updates", "skipped", "ring")
 """The device counters (int64), in ``train.cu``'s order (TR_ADAM_STEP ...)."""
@@ -90,6 +91,8 @@ class TrainLayout:
     """Dynamic shared memory of ``next_logits_kernel`` and ``act_kernel`` (bytes)."""
     backward_shared: int
     """Dynamic shared memory of ``backward_kernel`` (bytes)."""
+    state_floats: int
+    """Floats of one layer's forward state (TB_U .. TB_GH) that the backward keeps per sample."""
 
     @property
     def fits(self) -> bool:
@@ -120,19 +123,21 @@ def train_layout(cfg: ModelConfig) -> TrainLayout:
         "TB_GO": k * di,
         "TB_GX": k * max(cd, di),
         "TB_GDT": k * h,
-        "TB_M": k * k,
-        "TB_GM": k * k,
-        "TB_GU": k * p,
+        "TB_M": k * (k + 1),
+        "TB_GM": k * (k + 1),
+        "TB_GU": k * (p + 1),
+        "TB_XH": k * (p + 1),
+        "TB_GYH": k * (p + 1),
         "TB_CB": g * k * k,
         "TB_GCB": g * k * k,
-        "TB_CUM": k,
+        "TB_CUM": k * h,
         "TB_GCUM": k,
         "TB_GA": h,
         "TB_HEAD": _r4(nq) + _r4(nr),
         "TB_GHEAD": _r4(nq) + _r4(nr),
         "TB_FEAT": 4 * _r4(d),
         "TB_TGT": cfg.n_atoms,
-        "TB_SCRATCH": cfg.n_atoms,
+        "TB_SCRATCH": (2 * cfg.n_actions + 1) * cfg.n_atoms,
     }
     offsets: dict[str, int] = {}
     pos = 0
@@ -151,6 +156,7 @@ def train_layout(cfg: ModelConfig) -> TrainLayout:
         threads=TRAIN.threads,
         forward_shared=4 * fwd.shared_floats,
         backward_shared=4 * pos,
+        state_floats=offsets["TB_GH"] - offsets["TB_U"],
     )
 
 
@@ -216,6 +222,11 @@ class UpdateSettings:
     hard_every: int
     ret_weight: float
     """Weight of the return head's loss."""
+    munchausen: bool = False
+    """Munchausen C51 targets (the pi(.|s')-mixture with the bonus) instead of double DQN."""
+    m_alpha: float = 0.9
+    m_tau: float = 0.03
+    m_clip: float = -1.0
     beta1: float = 0.9
     beta2: float = 0.999
 
@@ -244,7 +255,9 @@ class FusedUpdate:
 
     Buffers (``xp`` arrays): ``params``, ``target`` (the packed online and target networks;
     ``target`` is ``params`` itself when ``target_mode`` is 0), ``m``, ``v``, ``grad``,
-    ``partial`` (B, total), ``sumsq``, ``norm``, ``counters`` (int64, :data:`COUNTERS`),
+    ``partial`` (``blocks`` rows of ``total``: one a block of the backward kernel, which takes
+    one multiprocessor each and several samples; default one a sample), ``saved`` (each
+    sample's layer states), ``sumsq``, ``norm``, ``counters`` (int64, :data:`COUNTERS`),
     ``ring`` (``ring_size`` records of :data:`STATS_DTYPE` as bytes), ``sample_stats`` (B, 3),
     ``q_online``/``q_target`` (B, A * atoms). ``feat`` is the fold's normalised market
     features (rows, F - 2) on the device; ``inputs`` the batch (:data:`INPUTS`).
@@ -260,6 +273,7 @@ class FusedUpdate:
         packed: npt.NDArray[np.float32],
         inputs: Mapping[str, Any],
         ring_size: int,
+        blocks: int | None = None,
     ) -> None:
         layout = train_layout(cfg)
         self.cfg, self.settings, self.layout, self.xp, self._get = cfg, settings, layout, xp, get
@@ -271,7 +285,9 @@ class FusedUpdate:
         self.m = xp.zeros(total, dtype=np.float32)
         self.v = xp.zeros(total, dtype=np.float32)
         self.grad = xp.zeros(total, dtype=np.float32)
-        self.partial = xp.zeros((batch, total), dtype=np.float32)
+        self.blocks = min(batch, blocks or batch)
+        """Blocks of the backward kernel (one a multiprocessor), each summing its samples."""
+        self.partial = xp.zeros((self.blocks, total), dtype=np.float32)
         self.n_sums = -(-total // 256)
         self.sumsq = xp.zeros(self.n_sums, dtype=np.float64)
         self.norm = xp.zeros(1, dtype=np.float32)
@@ -279,9 +295,12 @@ class FusedUpdate:
         self.ring_size = ring_size
         self.ring = xp.zeros((ring_size, STATS_DTYPE.itemsize), dtype=np.uint8)
         self.sample_stats = xp.zeros((batch, 3), dtype=np.float32)
+        self.saved = xp.zeros((batch, max(1, cfg.n_layers - 1), layout.state_floats), dtype=np.float32)
+        """Each layer's forward state but the last's, per sample (the backward reads it back)."""
         nq = cfg.n_actions * cfg.n_atoms
         self.q_online = xp.zeros((batch, nq), dtype=np.float32)
         self.q_target = xp.zeros((batch, nq), dtype=np.float32)
+        self.q_target_now = xp.zeros((batch if settings.munchausen else 1, nq), dtype=np.float32)
         self.support = xp.linspace(cfg.v_min, cfg.v_max, cfg.n_atoms, dtype=np.float32)
         self.feat: Any = xp.zeros((1, cfg.n_features - 2), dtype=np.float32)
 
@@ -298,13 +317,24 @@ class FusedUpdate:
         lay, b, s = self.layout, self.batch, self.settings
         i = self.inputs
         self._get("next_logits_kernel")(
-            (b, 2),
+            (b, 3 if s.munchausen else 2),
             (lay.threads,),
-            (self.params, self.target, self.feat, i["t_next"], i["agent_next"], self.q_online, self.q_target),
+            (
+                self.params,
+                self.target,
+                self.feat,
+                i["t_next"],
+                i["agent_next"],
+                i["t_obs"],
+                i["agent_obs"],
+                self.q_online,
+                self.q_target,
+                self.q_target_now,
+            ),
             shared_mem=lay.forward_shared,
         )
         self._get("backward_kernel")(
-            (b,),
+            (self.blocks,),
             (lay.threads,),
             (
                 self.params,
@@ -318,17 +348,24 @@ class FusedUpdate:
                 i["label"],
                 self.q_online,
                 self.q_target,
+                self.q_target_now,
+                np.int32(s.munchausen),
+                np.float32(s.m_alpha),
+                np.float32(s.m_tau),
+                np.float32(s.m_clip),
                 np.float32(s.ret_weight),
+                np.int32(b),
                 np.int32(lay.total),
                 self.partial,
                 self.sample_stats,
+                self.saved,
             ),
             shared_mem=lay.backward_shared,
         )
         self._get("reduce_kernel")(
             (self.n_sums,),
             (256,),
-            (self.partial, np.int32(b), np.int32(lay.total), self.grad, self.sumsq),
+            (self.partial, np.int32(self.blocks), np.int32(lay.total), self.grad, self.sumsq),
         )
         self._get("adam_kernel")(
             (self.n_sums,),
@@ -421,14 +458,26 @@ def update_ref(
     support = c51_support(cfg, np, np.float64)
     q_logits, ret_logits, cache = forward(p64, cfg, obs)
     online_next = q_probs(forward(p64, cfg, nxt)[0])
-    a_star = np.argmax(expected_q(online_next, support), axis=1)
     target_next = online_next if target is None else q_probs(forward(t64, cfg, nxt)[0])
-    m = c51_project_ref(
-        target_next[np.arange(batch), a_star],
-        np.asarray(inputs["reward"], dtype=np.float64),
-        np.asarray(inputs["discount"], dtype=np.float64),
-        support,
-    )
+    reward = np.asarray(inputs["reward"], dtype=np.float64)
+    discount = np.asarray(inputs["discount"], dtype=np.float64)
+    if settings.munchausen:
+        target_now = q_probs(forward(t64, cfg, obs)[0])
+        m = munchausen_project(
+            target_next,
+            expected_q(target_next, support),
+            expected_q(target_now, support),
+            actions=np.asarray(inputs["action"], dtype=np.int64),
+            rewards=reward,
+            discounts=discount,
+            support=support,
+            alpha=settings.m_alpha,
+            tau=settings.m_tau,
+            clip_low=settings.m_clip,
+        )
+    else:
+        a_star = np.argmax(expected_q(online_next, support), axis=1)
+        m = c51_project_ref(target_next[np.arange(batch), a_star], reward, discount, support)
     c51_loss, g_q = c51_loss_and_grad(q_logits, np.asarray(inputs["action"], dtype=np.int64), m)
     label = np.asarray(inputs["label"], dtype=np.float64)
     valid = np.isfinite(label) & (settings.ret_weight > 0)

@@ -19,7 +19,14 @@ from agent.model.arrays import Array, array_module
 from agent.model.errors import ModelError
 from agent.model.ops import log_softmax, softmax
 
-__all__ = ["c51_loss_and_grad", "c51_project", "c51_project_ref", "return_loss_and_grad"]
+__all__ = [
+    "c51_loss_and_grad",
+    "c51_project",
+    "c51_project_ref",
+    "munchausen_log_policy",
+    "munchausen_project",
+    "return_loss_and_grad",
+]
 
 
 def _check_batch(name: str, a: Array, batch: int, ndim: int) -> None:
@@ -79,6 +86,54 @@ def c51_project_ref(next_probs: Array, rewards: Array, discounts: Array, support
     dz = (support[-1] - support[0]) / (support.shape[0] - 1)
     kernel = xp.clip(1.0 - xp.abs(shifted[:, None, :] - support[None, :, None]) / dz, 0.0, 1.0)  # (B, i, j)
     return (kernel * next_probs[:, None, :]).sum(axis=-1)
+
+
+def munchausen_log_policy(q: Array, tau: float) -> Array:
+    """``tau * log pi`` (B, A) of the softmax policy ``pi = softmax(q / tau)`` over mean Q-values
+    ``q`` (B, A), in the tau-scaled log-sum-exp form (ALGORITHMS 2): ``q - max q - tau *
+    log sum_a exp((q_a - max q) / tau)``, finite for any tau > 0."""
+    xp = array_module(q)
+    shifted = q - q.max(axis=-1, keepdims=True)
+    return shifted - tau * xp.log(xp.exp(shifted / tau).sum(axis=-1, keepdims=True))
+
+
+def munchausen_project(
+    next_probs: Array,
+    q_next: Array,
+    q_now: Array,
+    *,
+    actions: Array,
+    rewards: Array,
+    discounts: Array,
+    support: Array,
+    alpha: float,
+    tau: float,
+    clip_low: float,
+) -> Array:
+    """Target distribution m (B, N) of Munchausen C51 (ALGORITHMS 2, the categorical analogue
+    of M-DQN): the pi(.|s')-mixture of the target network's next-state distributions, each
+    shifted by the reward, the Munchausen bonus and the discounted ``z - tau log pi(a'|s')``,
+    projected in the kernel form.
+
+    next_probs (B, A, N): the target network's distributions at s'; q_next (B, A) and q_now
+    (B, A): its mean Q-values at s' and s; actions (B): the taken actions; rewards, discounts
+    (B) as in :func:`c51_project`. ``bonus = alpha * clip(tau log pi(a|s), clip_low, 0)``.
+    Rows sum to 1 (the projection's clamp keeps every atom's mass).
+    """
+    xp = array_module(next_probs, q_next, q_now, rewards, discounts, support)
+    batch, _, n = next_probs.shape
+    tlp_next = munchausen_log_policy(q_next, tau)  # (B, A)
+    pi_next = xp.exp(tlp_next / tau)
+    tlp_now = munchausen_log_policy(q_now, tau)
+    bonus = alpha * xp.clip(tlp_now[xp.arange(batch), actions], clip_low, 0.0)  # (B,)
+    shifted = (rewards + bonus)[:, None, None] + discounts[:, None, None] * (
+        support[None, None, :] - tlp_next[:, :, None]
+    )  # (B, A', N)
+    shifted = xp.clip(shifted, support[0], support[-1])
+    dz = (support[-1] - support[0]) / (n - 1)
+    kernel = xp.clip(1.0 - xp.abs(shifted[:, :, None, :] - support[None, None, :, None]) / dz, 0.0, 1.0)
+    weighted = next_probs * pi_next[:, :, None]  # (B, A', N_j)
+    return (kernel * weighted[:, :, None, :]).sum(axis=(1, 3)).reshape(batch, n)
 
 
 def c51_loss_and_grad(q_logits: Array, actions: Array, target_m: Array) -> tuple[Array, Array]:

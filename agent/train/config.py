@@ -63,6 +63,13 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     hard_sync_every: int = 1000
     """Updates between hard target copies (``target_update = "hard"``)."""
     return_loss_weight: float = 1.0
+    munchausen: bool = False
+    """Munchausen C51 targets (ALGORITHMS 2) instead of double DQN."""
+    munchausen_alpha: float = 0.9
+    munchausen_tau: float = 0.03
+    """Entropy temperature, in normalised reward units."""
+    munchausen_clip: float = -1.0
+    """Lower clip of ``tau log pi(a|s)`` in the bonus."""
     probe_size: int = 256
     """Fixed probe windows (from the training data, flat agent state) for Q-mean and kill stats."""
     cpu_threads: int = 1
@@ -143,6 +150,8 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             raise ValueError(f"polyak_rho must be in (0, 1], got {self.polyak_rho}")
         if self.batch_size > self.replay_capacity:
             raise ValueError("batch_size must not exceed replay_capacity")
+        if not (self.munchausen_tau > 0 and self.munchausen_alpha >= 0 and self.munchausen_clip < 0):
+            raise ValueError("munchausen_tau must be > 0, munchausen_alpha >= 0 and munchausen_clip < 0")
         if self.sharpe_bucket_s < 0 or self.return_loss_weight < 0:
             raise ValueError("sharpe_bucket_s and return_loss_weight must be >= 0")
         for name, prob in (

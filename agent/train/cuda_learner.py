@@ -99,6 +99,10 @@ class CudaLearner:
             rho=config.polyak_rho,
             hard_every=config.hard_sync_every,
             ret_weight=config.return_loss_weight,
+            munchausen=config.munchausen,
+            m_alpha=config.munchausen_alpha,
+            m_tau=config.munchausen_tau,
+            m_clip=config.munchausen_clip,
         )
         ring = max(1024, math.ceil(config.steps_per_epoch * config.updates_per_step) + 1)
         host_params = {name: to_numpy(p) for name, p in params.items()}
@@ -111,6 +115,7 @@ class CudaLearner:
                 packed=pack_train(host_params, model),
                 inputs={name: buf.device for name, buf in self._io[0].items()},
                 ring_size=ring,
+                blocks=int(cp.cuda.Device().attributes["MultiProcessorCount"]),
             )
         n_envs, n_agent = config.n_envs, len(AGENT_FEATURES)
         self._act_in = {

@@ -5,7 +5,8 @@ One update on a batch of transitions (:class:`agent.train.replay.Transitions`):
 
 1. online forward on ``s`` -> C51 logits and return-head logits;
 2. double DQN: ``a* = argmax_a Q_online(s', a)``, target distribution ``p_target(s', a*)``
-   (``target_update = "none"``: the online network is its own target);
+   (``target_update = "none"``: the online network is its own target), or the Munchausen
+   mixture (below);
 3. ``m = project(R + discount * z)``; loss = cross-entropy of ``p(s, a)`` against ``m``;
 4. return head: cross-entropy against the bin of the realised ``return_horizon``-bar mark change
    in ticks at ``s`` (rows without a label inside the session do not contribute);
@@ -14,7 +15,12 @@ One update on a batch of transitions (:class:`agent.train.replay.Transitions`):
 
 Exploration: Thompson sampling from the online distributions, one Philox uniform per action keyed
 by (seed, environment, step) (:mod:`agent.policy.thompson`; the CUDA kernel on the GPU), so a run
-is reproducible on the CPU for a seed. The optional Munchausen bonus is not implemented.
+is reproducible on the CPU for a seed.
+
+Munchausen (``train.munchausen``, off by default; ALGORITHMS 2): the target becomes the
+pi(.|s')-mixture of the target network's next-state distributions with the bonus
+``alpha * clip(tau log pi(a|s), clip, 0)``, pi the softmax of the target network's mean Q over
+tau (:func:`agent.model.losses.munchausen_project`); it replaces the double-DQN argmax.
 
 This class is the array-code learner (NumPy, or CuPy for models too large for the fused kernels)
 and the reference of :class:`agent.train.cuda_learner.CudaLearner`, which runs the same update as
@@ -32,7 +38,7 @@ from agent.kernels.thompson import thompson
 from agent.model import ModelConfig, c51_support, expected_q, forward, q_probs, return_bin_of
 from agent.model.arrays import Array, Params, array_module, to_numpy
 from agent.model.errors import NonFiniteError
-from agent.model.losses import c51_loss_and_grad, c51_project, return_loss_and_grad
+from agent.model.losses import c51_loss_and_grad, c51_project, munchausen_project, return_loss_and_grad
 from agent.model.network import backward
 from agent.model.optim import Adam, clip_grad_norm
 from agent.policy.thompson import thompson_ref
@@ -178,10 +184,24 @@ class Learner:
         q_logits, ret_logits, cache = forward(self.params, self.model, obs)
         rows = xp.arange(obs.shape[0])
         online_next = self.distributions(nxt)
-        a_star = xp.argmax(expected_q(online_next, self.support), axis=1)
         target_next = online_next if self.target is self.params else self.distributions(nxt, self.target)
-        target_probs = target_next[rows, a_star]
-        m = c51_project(target_probs, batch.reward, batch.discount, self.support)
+        if cfg.munchausen:
+            target_now = self.distributions(obs, self.target)
+            m = munchausen_project(
+                target_next,
+                expected_q(target_next, self.support),
+                expected_q(target_now, self.support),
+                actions=batch.action,
+                rewards=batch.reward,
+                discounts=batch.discount,
+                support=self.support,
+                alpha=cfg.munchausen_alpha,
+                tau=cfg.munchausen_tau,
+                clip_low=cfg.munchausen_clip,
+            ).astype(q_logits.dtype)
+        else:
+            a_star = xp.argmax(expected_q(online_next, self.support), axis=1)
+            m = c51_project(target_next[rows, a_star], batch.reward, batch.discount, self.support)
         c51_loss, g_q = c51_loss_and_grad(q_logits, batch.action, m)
         label = data.label_ticks[batch.t]
         valid = xp.isfinite(label)

@@ -2,7 +2,9 @@
 
 An epoch is ``steps_per_epoch`` lockstep steps of ``n_envs`` training environments (each step
 adds ``n_envs`` n-step transitions to replay) with ``updates_per_step`` learner updates per step
-once replay holds ``learning_starts`` transitions. After each epoch the probe statistics are
+once replay holds ``learning_starts`` transitions. A step's updates are launched right after its
+actions are chosen and sample replay as it stood before the step, so that on a device they run
+while the host steps the environments. After each epoch the probe statistics are
 measured on fixed windows of the training data with a flat agent state, and two halts decide
 whether training goes on (:mod:`agent.train.gates`): the share of the epoch's updates skipped for a
 non-finite gradient, and Q-drift (from the fold's second epoch, against the previous epoch).
@@ -142,6 +144,13 @@ def train_fold(
             before = (env.t.copy(), env.agent.copy())
             counter = xp.full(cfg.n_envs, fold * _STEP_STRIDE + step, dtype=np.int64)
             actions = learner.explore(data, env.t, env.agent, env_ids, counter)
+            # The step's updates before the environments move: on a device they run while the
+            # host steps the environments (they sample replay as it stood before this step).
+            credit += cfg.updates_per_step
+            while credit >= 1.0:
+                credit -= 1.0
+                if replay.size >= max(cfg.learning_starts, cfg.batch_size):
+                    learner.update(data, replay.sample(rng, cfg.batch_size))
             res = env.step(actions)
             step += 1
             batch = nstep.push(before, res.action, res.reward, res.done, (env.t.copy(), env.agent.copy()))
@@ -151,11 +160,6 @@ def train_fold(
                 env.reset_random(res.done)
             reward_sum += float(res.reward.sum())
             counts += np.bincount(to_numpy(res.action), minlength=len(ACTIONS))
-            credit += cfg.updates_per_step
-            while credit >= 1.0:
-                credit -= 1.0
-                if replay.size >= max(cfg.learning_starts, cfg.batch_size):
-                    learner.update(data, replay.sample(rng, cfg.batch_size))
             if on_step is not None:
                 on_step()
         learned = learner.take_stats()

@@ -33,10 +33,16 @@ from tests.train.test_env import make_bars
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize(("cfg", "mode"), [(SMALL, 1), (MEDIUM, 2), (ModelConfig(n_features=32), 1)])
-def test_fused_update_on_the_device_matches_the_chain(cp: ModuleType, cfg: ModelConfig, mode: int) -> None:
+@pytest.mark.parametrize(
+    ("cfg", "mode", "munchausen"),
+    [(SMALL, 1, False), (MEDIUM, 2, False), (ModelConfig(n_features=32), 1, False), (MEDIUM, 1, True)],
+    ids=["small-polyak", "medium-hard", "default-polyak", "medium-munchausen"],
+)
+def test_fused_update_on_the_device_matches_the_chain(
+    cp: ModuleType, cfg: ModelConfig, mode: int, munchausen: bool
+) -> None:
     case = make_case(cfg, batch=16, seed=3)
-    settings = settings_for(mode)
+    settings = settings_for(mode, munchausen)
     layout = train_layout(cfg)
 
     def get(name: str) -> object:
@@ -55,6 +61,7 @@ def test_fused_update_on_the_device_matches_the_chain(cp: ModuleType, cfg: Model
         packed=pack_params(case["params"], cfg, np.zeros(cfg.n_features), np.ones(cfg.n_features)),
         inputs={k: cp.asarray(v) for k, v in case["inputs"].items()},
         ring_size=4,
+        blocks=5,  # blocks take several samples each
     )
     update.target[...] = cp.asarray(
         pack_params(case["target"], cfg, np.zeros(cfg.n_features), np.ones(cfg.n_features))

@@ -49,6 +49,8 @@ SMALL = ModelConfig(
 )
 """Every structural feature (two groups, K > conv width) at a size the emulation runs fast."""
 MEDIUM = ModelConfig(n_features=12, window=16, d_model=32, n_layers=2)
+LONG = ModelConfig(n_features=5, window=40, d_model=16, n_layers=1, headdim=8, d_state=4, return_bins=7)
+"""A window longer than a warp: the scans run in passes of 32 steps."""
 
 
 def make_case(cfg: ModelConfig, batch: int, seed: int) -> dict[str, Any]:
@@ -85,6 +87,7 @@ def fused(emu: ModuleType, cfg: ModelConfig, settings: UpdateSettings, case: dic
         packed=pack_train(case["params"], cfg),
         inputs=case["inputs"],
         ring_size=4,
+        blocks=2,  # blocks take several samples each
     )
     if update.target is not update.params:
         update.target[...] = pack_train(case["target"], cfg)
@@ -92,9 +95,17 @@ def fused(emu: ModuleType, cfg: ModelConfig, settings: UpdateSettings, case: dic
     return update
 
 
-def settings_for(mode: int) -> UpdateSettings:
+def settings_for(mode: int, munchausen: bool = False) -> UpdateSettings:
     return UpdateSettings(
-        lr=1e-3, eps=3.125e-4, max_norm=0.5, target_mode=mode, rho=0.01, hard_every=1, ret_weight=0.7
+        lr=1e-3,
+        eps=3.125e-4,
+        max_norm=0.5,
+        target_mode=mode,
+        rho=0.01,
+        hard_every=1,
+        ret_weight=0.7,
+        munchausen=munchausen,
+        m_tau=0.3,  # a temperature at which pi mixes the actions (0.03 makes it nearly greedy)
     )
 
 
@@ -104,11 +115,29 @@ def assert_close_params(got: dict[str, Any], want: dict[str, Any], atol: float) 
 
 
 @pytest.mark.parametrize(
-    ("cfg", "mode"), [(SMALL, 1), (SMALL, 0), (MEDIUM, 2)], ids=["small-polyak", "small-none", "medium-hard"]
+    ("cfg", "mode", "munchausen"),
+    [
+        (SMALL, 1, False),
+        (SMALL, 0, False),
+        (MEDIUM, 2, False),
+        (LONG, 1, False),
+        (SMALL, 1, True),
+        (MEDIUM, 0, True),
+    ],
+    ids=[
+        "small-polyak",
+        "small-none",
+        "medium-hard",
+        "long-window",
+        "small-munchausen",
+        "medium-munchausen-none",
+    ],
 )
-def test_one_fused_update_matches_the_learners_chain(emu: ModuleType, cfg: ModelConfig, mode: int) -> None:
+def test_one_fused_update_matches_the_learners_chain(
+    emu: ModuleType, cfg: ModelConfig, mode: int, munchausen: bool
+) -> None:
     case = make_case(cfg, batch=5, seed=3)
-    settings = settings_for(mode)
+    settings = settings_for(mode, munchausen)
     update = fused(emu, cfg, settings, case)
     update.enqueue()
     target = None if mode == 0 else case["target"]

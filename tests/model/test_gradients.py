@@ -15,12 +15,14 @@ from agent.model import (
     c51_loss_and_grad,
     c51_project,
     c51_support,
+    expected_q,
     forward,
     init_params,
     q_probs,
     return_loss_and_grad,
     to_numpy,
 )
+from agent.model.losses import munchausen_project
 from tests.model.conftest import TINY
 
 EPS = 1e-6
@@ -101,3 +103,47 @@ def test_gradients_do_not_depend_on_the_chunk_length(xp: ModuleType) -> None:
         np.testing.assert_allclose(to_numpy(gx), to_numpy(g_ref), rtol=1e-10, atol=1e-12)
         for name, value in grads.items():
             np.testing.assert_allclose(to_numpy(value), to_numpy(reference[name]), rtol=1e-10, atol=1e-12)
+
+
+def test_munchausen_loss_gradient_matches_finite_differences(xp: ModuleType) -> None:
+    """The learner's gradient under a Munchausen target (a constant of the target network: the
+    pi(.|s')-mixture with the bonus) against central differences of its loss."""
+    params, batch = _problem(xp)
+    rng = np.random.default_rng(8)
+    target = {
+        name: value + xp.asarray(0.05 * rng.standard_normal(value.shape)) for name, value in params.items()
+    }
+    support = c51_support(TINY, xp, np.float64)
+    x_next = xp.asarray(rng.standard_normal(batch.x.shape))
+    next_probs = q_probs(forward(target, TINY, x_next)[0])
+    m = munchausen_project(
+        next_probs,
+        expected_q(next_probs, support),
+        expected_q(q_probs(forward(target, TINY, batch.x)[0]), support),
+        actions=batch.actions,
+        rewards=xp.asarray([0.3, -1.1, 0.0, 5.0]),
+        discounts=xp.asarray([0.9, 0.0, 0.99, 0.5]),
+        support=support,
+        alpha=0.9,
+        tau=0.03,
+        clip_low=-1.0,
+    )
+    np.testing.assert_allclose(to_numpy(m.sum(axis=1)), 1.0, atol=1e-12)
+    munch = batch._replace(target_m=m)
+    grads, _ = _grads(params, munch, TINY.window)
+    for name in ("q.W", "blocks.0.W_in", "blocks.0.A_log", "embed.W"):
+        flat = params[name].reshape(-1)
+        picks = np.linspace(0, flat.size - 1, 12).astype(int)
+        numeric = np.zeros(picks.size)
+        for k, i in enumerate(picks):
+            old = float(flat[i])
+            flat[i] = old + EPS
+            plus = _loss(params, munch, TINY.window)
+            flat[i] = old - EPS
+            minus = _loss(params, munch, TINY.window)
+            flat[i] = old
+            numeric[k] = (plus - minus) / (2 * EPS)
+        exact = to_numpy(grads[name]).reshape(-1)[picks]
+        scale = np.abs(numeric).max()
+        assert scale > 1e-8, name
+        assert np.abs(exact - numeric).max() / scale < TOLERANCE, name

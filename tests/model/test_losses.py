@@ -20,7 +20,7 @@ from agent.model import (
     return_moments,
     to_numpy,
 )
-from agent.model.losses import c51_project_ref
+from agent.model.losses import c51_project_ref, munchausen_project
 from agent.model.ops import log_softmax
 
 CFG = ModelConfig()  # 51 atoms on [-10, 10], dz = 0.4
@@ -172,3 +172,78 @@ def test_return_moments(xp: ModuleType) -> None:
     mean, var = return_moments(xp.asarray(probs), centres)
     np.testing.assert_allclose(to_numpy(mean), [0.0, 0.0], atol=1e-12)
     np.testing.assert_allclose(to_numpy(var), [0.0, 4.0], atol=1e-12)
+
+
+def _munchausen_loops(case: tuple[np.ndarray, ...], alpha: float, tau: float, l0: float) -> np.ndarray:
+    """ALGORITHMS 2's M-C51 target written out term by term (float64 loops); ``case`` is
+    (p, q_next, q_now, a, r, d, z)."""
+    p, q_next, q_now, a, r, d, z = case
+    batch, n_actions, n = p.shape
+    dz = (z[-1] - z[0]) / (n - 1)
+    out = np.zeros((batch, n))
+    for b in range(batch):
+
+        def tlp(q: np.ndarray) -> np.ndarray:
+            mx = q.max()
+            return q - mx - tau * np.log(sum(np.exp((qa - mx) / tau) for qa in q))
+
+        t_next, t_now = tlp(q_next[b]), tlp(q_now[b])
+        pi = np.exp(t_next / tau)
+        bonus = alpha * min(max(t_now[a[b]], l0), 0.0)
+        for i in range(n):
+            for ap in range(n_actions):
+                for j in range(n):
+                    target = min(max(r[b] + bonus + d[b] * (z[j] - t_next[ap]), z[0]), z[-1])
+                    out[b, i] += pi[ap] * p[b, ap, j] * min(max(1.0 - abs(target - z[i]) / dz, 0.0), 1.0)
+    return out
+
+
+def test_munchausen_target_is_the_written_out_formula_and_keeps_mass(xp: ModuleType) -> None:
+    rng = np.random.default_rng(12)
+    cfg = ModelConfig(n_atoms=11, v_min=-5.0, v_max=5.0)
+    batch = 6
+    p = to_numpy(q_probs(xp.asarray(rng.standard_normal((batch, 3, cfg.n_atoms)))))
+    q_next, q_now = rng.standard_normal((batch, 3)), rng.standard_normal((batch, 3))
+    a = np.array([0, 1, 2, 0, 1, 2])
+    r = np.array([0.3, -1.2, 4.9, 9.0, -12.0, 0.0])
+    d = np.array([0.7, 0.0, 0.7, 0.7, 0.7, 1.0])
+    z = to_numpy(c51_support(cfg, xp, np.float64))
+    m = to_numpy(
+        munchausen_project(
+            xp.asarray(p),
+            xp.asarray(q_next),
+            xp.asarray(q_now),
+            actions=xp.asarray(a),
+            rewards=xp.asarray(r),
+            discounts=xp.asarray(d),
+            support=xp.asarray(z),
+            alpha=0.9,
+            tau=0.3,
+            clip_low=-1.0,
+        )
+    )
+    np.testing.assert_allclose(
+        m, _munchausen_loops((p, q_next, q_now, a, r, d, z), 0.9, 0.3, -1.0), atol=1e-12
+    )
+    np.testing.assert_allclose(m.sum(axis=1), 1.0, atol=1e-12)
+    # Without the bonus and at a vanishing temperature pi is the target's argmax: plain C51 targets.
+    greedy = to_numpy(
+        munchausen_project(
+            xp.asarray(p),
+            xp.asarray(q_next),
+            xp.asarray(q_now),
+            actions=xp.asarray(a),
+            rewards=xp.asarray(r),
+            discounts=xp.asarray(d),
+            support=xp.asarray(z),
+            alpha=0.0,
+            tau=1e-6,
+            clip_low=-1.0,
+        )
+    )
+    best = p[np.arange(batch), np.argmax(q_next, axis=1)]
+    np.testing.assert_allclose(
+        greedy,
+        to_numpy(c51_project_ref(xp.asarray(best), xp.asarray(r), xp.asarray(d), xp.asarray(z))),
+        atol=1e-9,
+    )

@@ -8,10 +8,12 @@ import msgspec
 import numpy as np
 import pytest
 
+from agent.kernels.train import UpdateSettings, update_ref
 from agent.model import ModelConfig, init_params
 from agent.train.config import TrainConfig
 from agent.train.env import AGENT_FEATURES, EnvData, build_env_data, fit_norm
 from agent.train.learner import Learner
+from agent.train.replay import Transitions
 from agent.train.report import render_report
 from agent.train.run import Curves, RunResult, TrainSummary
 from agent.train.trainer import EpochRecord, train_fold
@@ -109,3 +111,62 @@ def test_report_is_self_contained_html_with_well_formed_svg() -> None:
     for chunk in svgs:
         ET.fromstring("<svg" + chunk[: chunk.index("</svg>") + 6].replace("&middot;", "."))
     assert "Q-drift threshold" in html and "polyline" in html
+
+
+def test_a_munchausen_update_is_the_reference_update() -> None:
+    """One Learner.update with Munchausen targets against agent.kernels.train.update_ref (the
+    chain the fused kernels are held to), from the same parameters, batch and target network."""
+    config = msgspec.structs.replace(TRAIN, munchausen=True, munchausen_tau=0.3, grad_clip=1e9)
+    data = _data()
+    params = init_params(MODEL, np.random.default_rng(9))
+    learner = Learner(MODEL, config, {k: v.copy() for k, v in params.items()}, seed=9)
+    rng = np.random.default_rng(10)
+    for k in learner.target:  # a target distinct from the online network
+        learner.target[k] += np.float32(0.05) * rng.standard_normal(learner.target[k].shape).astype(
+            np.float32
+        )
+    target = {k: v.copy() for k, v in learner.target.items()}
+    starts = np.asarray(data.starts)
+    t = rng.choice(starts[:-5], 8)
+    agent = rng.normal(size=(8, MODEL.window, 2)).astype(np.float32)
+    batch = Transitions(
+        t=t,
+        agent=agent,
+        action=np.array([0, 1, 2, 0, 1, 2, 0, 1]),
+        reward=rng.normal(size=8).astype(np.float32),
+        discount=np.array([0.729, 0.0] * 4, dtype=np.float32),
+        t_next=t + 1,
+        agent_next=agent,
+    )
+    stats = learner.update(data, batch)
+    settings = UpdateSettings(
+        lr=config.lr,
+        eps=config.adam_eps,
+        max_norm=config.grad_clip,
+        target_mode=1,
+        rho=config.polyak_rho,
+        hard_every=config.hard_sync_every,
+        ret_weight=config.return_loss_weight,
+        munchausen=True,
+        m_alpha=config.munchausen_alpha,
+        m_tau=config.munchausen_tau,
+        m_clip=config.munchausen_clip,
+    )
+    inputs = {
+        "t_obs": t,
+        "agent_obs": agent,
+        "t_next": t + 1,
+        "agent_next": agent,
+        "action": batch.action,
+        "reward": batch.reward,
+        "discount": batch.discount,
+        "label": np.asarray(data.label_ticks)[t],
+    }
+    new, new_target, _, _, ref = update_ref(
+        params, target, MODEL, settings=settings, feat=np.asarray(data.feat), inputs=inputs
+    )
+    np.testing.assert_allclose(stats.c51_loss, ref["c51_loss"], rtol=1e-4)
+    assert new_target is not None
+    for name, value in new.items():
+        np.testing.assert_allclose(learner.params[name], value, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(learner.target[name], new_target[name], atol=2e-6, err_msg=name)

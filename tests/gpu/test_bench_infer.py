@@ -1,0 +1,42 @@
+"""``tradeagent bench infer --json`` end to end on the CPU with a small model: one JSON object with
+every documented key of the CPU path; the figures are measurements, so only their sanity is
+checked. On a CUDA host the same command adds the CPU reference and the ratios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.bench import bench_json
+
+KEYS = {
+    "device",
+    "device_name",
+    "floor_kind",
+    "floor_us",
+    "p50_us_b1",
+    "p99_us_b1",
+    "p50_us_b64",
+    "p99_us_b64",
+    "p50_us_b1_vs_floor",
+    "p99_us_b1_vs_floor",
+    "p50_us_b64_vs_floor",
+    "p99_us_b64_vs_floor",
+    "decisions_per_s_b4096",
+    "train_batch",
+    "train_samples_per_s",
+    "train_kind",
+    "window",
+    "features",
+}
+
+
+def test_bench_infer_on_the_cpu_prints_its_keys(tmp_path: Path) -> None:
+    tiny = {"WINDOW": "4", "D_MODEL": "16", "N_LAYERS": "1", "HEADDIM": "8"}
+    env = {f"TRADEAGENT__MODEL__{key}": value for key, value in tiny.items()}
+    result = bench_json(
+        "infer", "--device", "cpu", "--iterations", "100", "--train-batch", "64", data_dir=tmp_path, env=env
+    )
+    assert set(result) >= KEYS, KEYS - set(result)
+    assert result["device"] == "cpu" and result["train_kind"] == "array code" and result["train_batch"] == 64
+    assert 0 < result["p50_us_b1"] <= result["p99_us_b1"] and result["decisions_per_s_b4096"] > 0
+    assert result["train_samples_per_s"] > 0 and result["window"] == 4
