@@ -19,6 +19,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from agent import __version__
 from agent.config import ConfigError
 from agent.errors import AgentError
 from agent.logs import setup_logging
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="log format on stderr (auto: JSON under systemd, text otherwise)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"agent.commands.{name}").register(sub)

@@ -34,6 +34,7 @@ MBP10_DTYPE: np.dtype[np.void] = np.dtype(databento_dbn.MBP10Msg._dtypes)
 MBP10_RTYPE = 0x0A
 LEVELS = 10
 PRICE_SCALE = 1_000_000_000
+"""Fixed-point steps per price unit: DBN stores a price ``p`` as the integer ``round(p * PRICE_SCALE)``."""
 UNDEF_PRICE = np.iinfo(np.int64).max
 
 # `action` and `side` are single ASCII bytes (dtype S1): compare with these `bytes` values.

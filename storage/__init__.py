@@ -6,7 +6,7 @@
 * repositories taking that ``Database``: :class:`Instruments`, :class:`Ledger`,
   :class:`ModelRegistry`, :class:`LearnedFloors`, :class:`Journal`, :class:`Leases`;
 * :class:`CheckpointStore` for checkpoint bytes;
-* value types in :mod:`storage.records` and errors in :mod:`storage.errors`.
+* value types in :mod:`storage.values` and errors in :mod:`storage.errors`.
 
 The names are resolved on first use (PEP 562), so that ``import storage.config`` (which every
 CLI command does through ``agent.config``) does not pay for importing SQLAlchemy and Alembic.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from storage.checkpoints import CheckpointStore
     from storage.config import StorageConfig
-    from storage.engine import Database
+    from storage.database import Database
     from storage.floors import LearnedFloors
     from storage.instruments import Instruments
     from storage.journal import Journal
@@ -45,7 +45,7 @@ __all__ = [
 
 _HOME = {
     "CheckpointStore": "storage.checkpoints",
-    "Database": "storage.engine",
+    "Database": "storage.database",
     "Instruments": "storage.instruments",
     "Journal": "storage.journal",
     "LearnedFloors": "storage.floors",

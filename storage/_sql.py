@@ -11,7 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from storage.errors import InvalidRecord
-from storage.models import Base
+from storage.tables import Base
 
 __all__ = ["finite", "insert_ignoring_conflicts", "json_document", "nonempty"]
 

@@ -1,6 +1,6 @@
 """Errors of the storage layer.
 
-Every third-party database exception is translated at the boundary (``storage._engine``) into
+Every third-party database exception is translated at the boundary (:mod:`storage.database`) into
 one of these; callers never see a SQLAlchemy or driver exception.
 
 StorageError
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from storage.records import LeaseRecord
+    from storage.values import LeaseRecord
 
 __all__ = [
     "CheckpointCorrupt",

@@ -16,15 +16,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage._sql import finite, insert_ignoring_conflicts, nonempty
-from storage.engine import Database
+from storage.database import Database
 from storage.errors import InvalidRecord
-from storage.models import LearnedFloor, LearnedFloorChange, utc_now
-from storage.records import FloorChange, FloorValue
+from storage.tables import LearnedFloorChangeRow, LearnedFloorRow, utc_now
+from storage.values import FloorChange, FloorValue
 
 __all__ = ["LearnedFloors"]
 
 
-def _value(row: LearnedFloor) -> FloorValue:
+def _value(row: LearnedFloorRow) -> FloorValue:
     return FloorValue(
         instrument_id=row.instrument_id,
         name=row.name,
@@ -45,7 +45,7 @@ class LearnedFloors:
         """The current value of one floor, or None if it was never set."""
 
         def work(session: Session) -> FloorValue | None:
-            row = session.get(LearnedFloor, (instrument_id, name))
+            row = session.get(LearnedFloorRow, (instrument_id, name))
             return _value(row) if row is not None else None
 
         return self._db.read(work, what="read learned floor")
@@ -54,9 +54,9 @@ class LearnedFloors:
         """Every current floor (optionally of one name), by (instrument_id, name)."""
 
         def work(session: Session) -> dict[tuple[int, str], FloorValue]:
-            query = select(LearnedFloor)
+            query = select(LearnedFloorRow)
             if name is not None:
-                query = query.where(LearnedFloor.name == name)
+                query = query.where(LearnedFloorRow.name == name)
             return {(r.instrument_id, r.name): _value(r) for r in session.scalars(query)}
 
         return self._db.read(work, what="read learned floors")
@@ -79,7 +79,7 @@ class LearnedFloors:
             now = utc_now()
             fresh = insert_ignoring_conflicts(
                 session,
-                LearnedFloor,
+                LearnedFloorRow,
                 [
                     {
                         "instrument_id": instrument_id,
@@ -94,14 +94,14 @@ class LearnedFloors:
                 ["name"],
             )
             row = session.get(
-                LearnedFloor, (instrument_id, key), with_for_update=True, populate_existing=True
+                LearnedFloorRow, (instrument_id, key), with_for_update=True, populate_existing=True
             )
             if row is None:
                 raise InvalidRecord(f"floor {key} of instrument {instrument_id} could not be stored")
             previous = None if fresh else row.value
             row.value, row.run_id, row.source, row.updated_at = number, run_id, origin, now
             session.add(
-                LearnedFloorChange(
+                LearnedFloorChangeRow(
                     instrument_id=instrument_id,
                     name=key,
                     value=number,
@@ -121,9 +121,11 @@ class LearnedFloors:
 
         def work(session: Session) -> list[FloorChange]:
             rows = session.scalars(
-                select(LearnedFloorChange)
-                .where(LearnedFloorChange.instrument_id == instrument_id, LearnedFloorChange.name == name)
-                .order_by(LearnedFloorChange.id)
+                select(LearnedFloorChangeRow)
+                .where(
+                    LearnedFloorChangeRow.instrument_id == instrument_id, LearnedFloorChangeRow.name == name
+                )
+                .order_by(LearnedFloorChangeRow.id)
             )
             return [
                 FloorChange(

@@ -11,10 +11,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage._sql import finite, insert_ignoring_conflicts, nonempty
-from storage.engine import Database
+from storage.database import Database
 from storage.errors import InvalidRecord
-from storage.models import Instrument, utc_now
-from storage.records import InstrumentInfo
+from storage.tables import InstrumentRow, utc_now
+from storage.values import InstrumentInfo
 
 __all__ = ["Instruments"]
 
@@ -50,9 +50,9 @@ class Instruments:
                 }
                 for i in instruments
             ]
-            insert_ignoring_conflicts(session, Instrument, rows, ["instrument_id"])
+            insert_ignoring_conflicts(session, InstrumentRow, rows, ["instrument_id"])
             for info in instruments:
-                row = session.get(Instrument, info.instrument_id, with_for_update=True)
+                row = session.get(InstrumentRow, info.instrument_id, with_for_update=True)
                 if row is None or row.symbol != info.symbol:
                     raise InvalidRecord(
                         f"instrument id {info.instrument_id} is "
@@ -67,7 +67,7 @@ class Instruments:
         """Every registered instrument, by id."""
 
         def work(session: Session) -> list[InstrumentInfo]:
-            rows = session.scalars(select(Instrument).order_by(Instrument.instrument_id))
+            rows = session.scalars(select(InstrumentRow).order_by(InstrumentRow.instrument_id))
             return [
                 InstrumentInfo(
                     instrument_id=r.instrument_id,

@@ -1,6 +1,6 @@
 """Daemon sessions and the operator timeline (events: halts, gaps, reconnects, swaps...).
 
-Every method runs one transaction through :class:`storage.engine.Database` and is safe to
+Every method runs one transaction through :class:`storage.database.Database` and is safe to
 call from any thread (blocking: call it from a worker thread in asyncio code). Writes are
 retried on transient failures until ``retry_deadline_s``, then raise ``DatabaseUnavailable``.
 """
@@ -14,10 +14,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage._sql import json_document, nonempty
-from storage.engine import Database
+from storage.database import Database
 from storage.errors import NotFound
-from storage.models import DaemonSession, Event, utc_now
-from storage.records import EventRecord, SessionRecord
+from storage.tables import DaemonSessionRow, EventRow, utc_now
+from storage.values import EventRecord, SessionRecord
 
 __all__ = ["Journal", "add_event", "add_session", "close_session"]
 
@@ -31,9 +31,9 @@ def add_event(
     instrument_id: int | None = None,
     checkpoint_id: int | None = None,
     details: Mapping[str, Any] | None = None,
-) -> Event:
+) -> EventRow:
     """Add an event row inside the caller's transaction (used by the other repositories)."""
-    event = Event(
+    event = EventRow(
         kind=nonempty(kind, "event kind", 32),
         message=message,
         session_id=session_id,
@@ -48,7 +48,7 @@ def add_event(
 
 def add_session(session: Session, *, mode: str, host: str, pid: int, version: str) -> int:
     """Add a daemon session row inside the caller's transaction; return its id."""
-    row = DaemonSession(
+    row = DaemonSessionRow(
         mode=nonempty(mode, "session mode", 16),
         host=host[:255],
         pid=pid,
@@ -62,7 +62,7 @@ def add_session(session: Session, *, mode: str, host: str, pid: int, version: st
 def close_session(session: Session, session_id: int, *, reason: str) -> bool:
     """End a session inside the caller's transaction; True when it was still open (an ended
     session keeps its first end time and reason)."""
-    row = session.get(DaemonSession, session_id, with_for_update=True, populate_existing=True)
+    row = session.get(DaemonSessionRow, session_id, with_for_update=True, populate_existing=True)
     if row is None:
         raise NotFound(f"no daemon session {session_id}")
     if row.ended_at is not None:
@@ -72,7 +72,7 @@ def close_session(session: Session, session_id: int, *, reason: str) -> bool:
     return True
 
 
-def _session_record(row: DaemonSession) -> SessionRecord:
+def _session_record(row: DaemonSessionRow) -> SessionRecord:
     return SessionRecord(
         id=row.id,
         mode=row.mode,
@@ -85,7 +85,7 @@ def _session_record(row: DaemonSession) -> SessionRecord:
     )
 
 
-def _event_record(row: Event) -> EventRecord:
+def _event_record(row: EventRow) -> EventRecord:
     return EventRecord(
         id=row.id,
         kind=row.kind,
@@ -119,7 +119,7 @@ class Journal:
         """One session; raises ``NotFound``."""
 
         def work(session: Session) -> SessionRecord:
-            row = session.get(DaemonSession, session_id)
+            row = session.get(DaemonSessionRow, session_id)
             if row is None:
                 raise NotFound(f"no daemon session {session_id}")
             return _session_record(row)
@@ -159,9 +159,9 @@ class Journal:
         """Events with ``id > after_id`` (oldest first), optionally of one kind."""
 
         def work(session: Session) -> list[EventRecord]:
-            query = select(Event).where(Event.id > after_id).order_by(Event.id).limit(limit)
+            query = select(EventRow).where(EventRow.id > after_id).order_by(EventRow.id).limit(limit)
             if kind is not None:
-                query = query.where(Event.kind == kind)
+                query = query.where(EventRow.kind == kind)
             return [_event_record(row) for row in session.scalars(query)]
 
         return self._db.read(work, what="read events")

@@ -33,11 +33,11 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage.engine import Database
+from storage.database import Database
 from storage.errors import InvalidRecord, LeaseHeld, StorageError
 from storage.journal import add_event, add_session, close_session
-from storage.models import DaemonLease, utc_now
-from storage.records import LeasedSession, LeaseRecord
+from storage.tables import DaemonLeaseRow, utc_now
+from storage.values import LeasedSession, LeaseRecord
 
 __all__ = ["Gone", "Leases"]
 
@@ -61,7 +61,7 @@ def _now(session: Session) -> datetime:
     return utc_now()
 
 
-def _record(row: DaemonLease) -> LeaseRecord:
+def _record(row: DaemonLeaseRow) -> LeaseRecord:
     return LeaseRecord(
         account=row.account,
         instrument_id=row.instrument_id,
@@ -81,11 +81,11 @@ def _holder(lease: LeaseRecord) -> str:
     return f"daemon session {lease.session_id} (pid {lease.pid} on host {lease.host})"
 
 
-def _locked(session: Session, account: str, ids: Sequence[int]) -> dict[int, DaemonLease]:
+def _locked(session: Session, account: str, ids: Sequence[int]) -> dict[int, DaemonLeaseRow]:
     query = (
-        select(DaemonLease)
-        .where(DaemonLease.account == account, DaemonLease.instrument_id.in_(ids))
-        .order_by(DaemonLease.instrument_id)
+        select(DaemonLeaseRow)
+        .where(DaemonLeaseRow.account == account, DaemonLeaseRow.instrument_id.in_(ids))
+        .order_by(DaemonLeaseRow.instrument_id)
         .with_for_update()
     )
     return {row.instrument_id: row for row in session.scalars(query)}
@@ -138,7 +138,7 @@ class Leases:
             for lease, why in previous.values():
                 _take_over(session, lease, why, session_id, f"pid {pid} on host {host}")
             for iid in ids:
-                row = rows.get(iid) or DaemonLease(account=account, instrument_id=iid)
+                row = rows.get(iid) or DaemonLeaseRow(account=account, instrument_id=iid)
                 row.session_id, row.host, row.pid = session_id, host[:255], pid
                 row.acquired_at = row.heartbeat_at = now
                 session.add(row)
@@ -176,7 +176,7 @@ class Leases:
         """The clean stop: release the session's leases and end it, in one transaction."""
 
         def work(session: Session) -> None:
-            session.execute(delete(DaemonLease).where(DaemonLease.session_id == session_id))
+            session.execute(delete(DaemonLeaseRow).where(DaemonLeaseRow.session_id == session_id))
             close_session(session, session_id, reason=reason)
 
         self._db.write(work, what="end daemon session")
@@ -185,9 +185,9 @@ class Leases:
         """The leases held now (of one account, or all), by account and instrument."""
 
         def work(session: Session) -> list[LeaseRecord]:
-            query = select(DaemonLease).order_by(DaemonLease.account, DaemonLease.instrument_id)
+            query = select(DaemonLeaseRow).order_by(DaemonLeaseRow.account, DaemonLeaseRow.instrument_id)
             if account is not None:
-                query = query.where(DaemonLease.account == account)
+                query = query.where(DaemonLeaseRow.account == account)
             return [_record(row) for row in session.scalars(query)]
 
         return self._db.read(work, what="read daemon leases")

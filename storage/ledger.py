@@ -29,16 +29,16 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from storage._sql import finite, insert_ignoring_conflicts, nonempty
-from storage.engine import Database
+from storage.database import Database
 from storage.errors import FillsNotPersisted, InvalidRecord, NotFound, StorageError
-from storage.models import Fill, Order, Position
-from storage.records import (
+from storage.tables import FillRow, OrderRow, PositionRow
+from storage.values import (
     OPEN_ORDER_STATUSES,
     FillRecord,
     FillsResult,
+    LedgerFill,
+    LedgerOrder,
     LedgerState,
-    NewFill,
-    NewOrder,
     OrderRecord,
     OrderStatus,
     PositionState,
@@ -49,8 +49,9 @@ __all__ = ["Ledger", "apply_fill"]
 
 log = logging.getLogger(__name__)
 
-PRICE_SCALE = 1e-9
-"""Fixed-point price units (DBN) to price units."""
+PRICE_UNIT = 1e-9
+"""The price of one DBN fixed-point step: ``price * PRICE_UNIT`` turns a fixed-point integer into
+price units (the inverse of ``feeds.records.PRICE_SCALE``; ``storage`` does not import ``feeds``)."""
 _UNDEF_PRICE = 2**63 - 1  # DBN's "no price" sentinel
 _TERMINAL: frozenset[str] = frozenset({"filled", "cancelled", "rejected"})
 _ID_MAX = 64
@@ -66,7 +67,7 @@ def apply_fill(
     remainder at ``price``.
     """
     signed = qty if side == "buy" else -qty
-    px = price * PRICE_SCALE
+    px = price * PRICE_UNIT
     held = position.qty
     avg = position.avg_price
     realized = position.realized_points
@@ -91,7 +92,7 @@ def apply_fill(
     )
 
 
-def _order_record(row: Order) -> OrderRecord:
+def _order_record(row: OrderRow) -> OrderRecord:
     return OrderRecord(
         client_order_id=row.client_order_id,
         instrument_id=row.instrument_id,
@@ -109,7 +110,7 @@ def _order_record(row: Order) -> OrderRecord:
     )
 
 
-def _position_state(row: Position) -> PositionState:
+def _position_state(row: PositionRow) -> PositionState:
     return PositionState(
         account=row.account,
         instrument_id=row.instrument_id,
@@ -121,12 +122,12 @@ def _position_state(row: Position) -> PositionState:
     )
 
 
-def _store_position(row: Position, state: PositionState) -> None:
+def _store_position(row: PositionRow, state: PositionState) -> None:
     row.qty, row.avg_price, row.fees = state.qty, state.avg_price, state.fees
     row.realized_points, row.last_fill_id = state.realized_points, state.last_fill_id
 
 
-def _fill_record(row: Fill) -> FillRecord:
+def _fill_record(row: FillRow) -> FillRecord:
     return FillRecord(
         id=row.id,
         fill_id=row.fill_id,
@@ -145,7 +146,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_order(order: NewOrder) -> None:
+def _check_order(order: LedgerOrder) -> None:
     nonempty(order.client_order_id, "client_order_id", _ID_MAX)
     if not all(_is_int(v) for v in (order.qty, order.instrument_id, order.ts_ns)) or not (
         order.limit_price is None or _is_int(order.limit_price)
@@ -167,7 +168,7 @@ def _check_order(order: NewOrder) -> None:
         raise InvalidRecord(f"order {order.client_order_id}: a market order has no limit_price")
 
 
-def _check_fill(fill: NewFill) -> None:
+def _check_fill(fill: LedgerFill) -> None:
     nonempty(fill.fill_id, "fill_id", _ID_MAX)
     if not all(_is_int(v) for v in (fill.qty, fill.price, fill.ts_ns)):
         raise InvalidRecord(
@@ -196,19 +197,19 @@ class _OrderState:
 
 
 _ORDER_STATE_COLUMNS = (
-    Order.id,
-    Order.client_order_id,
-    Order.account,
-    Order.instrument_id,
-    Order.side,
-    Order.qty,
-    Order.filled_qty,
-    Order.status,
-    Order.ts_updated_ns,
+    OrderRow.id,
+    OrderRow.client_order_id,
+    OrderRow.account,
+    OrderRow.instrument_id,
+    OrderRow.side,
+    OrderRow.qty,
+    OrderRow.filled_qty,
+    OrderRow.status,
+    OrderRow.ts_updated_ns,
 )
 
 
-def _same_order(row: Order, order: NewOrder) -> bool:
+def _same_order(row: OrderRow, order: LedgerOrder) -> bool:
     return (row.instrument_id, row.side, row.qty, row.order_type, row.limit_price, row.account) == (
         order.instrument_id,
         order.side,
@@ -219,7 +220,7 @@ def _same_order(row: Order, order: NewOrder) -> bool:
     )
 
 
-def _same_fill(row: Fill, fill: NewFill) -> bool:
+def _same_fill(row: FillRow, fill: LedgerFill) -> bool:
     return (row.client_order_id, row.qty, row.price, row.fee, row.ts_event_ns) == (
         fill.client_order_id,
         fill.qty,
@@ -237,7 +238,7 @@ class Ledger:
 
     # orders ---------------------------------------------------------------------------------
 
-    def record_orders(self, orders: Sequence[NewOrder]) -> tuple[str, ...]:
+    def record_orders(self, orders: Sequence[LedgerOrder]) -> tuple[str, ...]:
         """Record orders idempotently (one transaction); return the ids newly stored.
 
         An order whose ``client_order_id`` exists with different content is refused
@@ -267,7 +268,7 @@ class Ledger:
             new = {
                 r[0]
                 for r in insert_ignoring_conflicts(
-                    session, Order, rows, ["client_order_id"], ["client_order_id"]
+                    session, OrderRow, rows, ["client_order_id"], ["client_order_id"]
                 )
             }
             seen = [o for o in orders if o.client_order_id not in new]
@@ -275,7 +276,9 @@ class Ledger:
                 stored = {
                     r.client_order_id: r
                     for r in session.scalars(
-                        select(Order).where(Order.client_order_id.in_([o.client_order_id for o in seen]))
+                        select(OrderRow).where(
+                            OrderRow.client_order_id.in_([o.client_order_id for o in seen])
+                        )
                     )
                 }
                 for order in seen:
@@ -288,7 +291,7 @@ class Ledger:
 
         return self._db.write(work, what="record orders")
 
-    def record_order(self, order: NewOrder) -> OrderRecord:
+    def record_order(self, order: LedgerOrder) -> OrderRecord:
         """Record one order idempotently and return it as stored."""
         self.record_orders([order])
         return self.order(order.client_order_id)
@@ -297,7 +300,7 @@ class Ledger:
         """One order by its client order id (``NotFound`` if unknown)."""
 
         def work(session: Session) -> OrderRecord:
-            row = session.scalar(select(Order).where(Order.client_order_id == client_order_id))
+            row = session.scalar(select(OrderRow).where(OrderRow.client_order_id == client_order_id))
             if row is None:
                 raise NotFound(f"no order {client_order_id}")
             return _order_record(row)
@@ -320,7 +323,7 @@ class Ledger:
 
         def work(session: Session) -> OrderRecord:
             row = session.scalar(
-                select(Order).where(Order.client_order_id == client_order_id).with_for_update()
+                select(OrderRow).where(OrderRow.client_order_id == client_order_id).with_for_update()
             )
             if row is None:
                 raise InvalidRecord(f"no order {client_order_id} to update")
@@ -337,9 +340,9 @@ class Ledger:
 
         def work(session: Session) -> list[OrderRecord]:
             rows = session.scalars(
-                select(Order)
-                .where(Order.account == account, Order.status.in_(OPEN_ORDER_STATUSES))
-                .order_by(Order.id)
+                select(OrderRow)
+                .where(OrderRow.account == account, OrderRow.status.in_(OPEN_ORDER_STATUSES))
+                .order_by(OrderRow.id)
             )
             return [_order_record(r) for r in rows]
 
@@ -347,7 +350,7 @@ class Ledger:
 
     # fills ----------------------------------------------------------------------------------
 
-    def record_fills(self, fills: Sequence[NewFill]) -> FillsResult:
+    def record_fills(self, fills: Sequence[LedgerFill]) -> FillsResult:
         """Store fills once each and update orders and positions, in one transaction.
 
         Returns which fill ids were new and which were already stored. Raises
@@ -359,7 +362,7 @@ class Ledger:
         """
         for fill in fills:
             _check_fill(fill)
-        unique: dict[str, NewFill] = {}
+        unique: dict[str, LedgerFill] = {}
         for fill in fills:
             first = unique.setdefault(fill.fill_id, fill)
             if first != fill:
@@ -376,14 +379,14 @@ class Ledger:
 
         return self._db.write(lambda s: self._record_fills(s, batch), what="record fills", give_up=give_up)
 
-    def _record_fills(self, session: Session, batch: list[NewFill]) -> FillsResult:
+    def _record_fills(self, session: Session, batch: list[LedgerFill]) -> FillsResult:
         order_ids = sorted({f.client_order_id for f in batch})
         orders = {
             row.client_order_id: _OrderState(*row)
             for row in session.execute(
                 select(*_ORDER_STATE_COLUMNS)
-                .where(Order.client_order_id.in_(order_ids))
-                .order_by(Order.id)
+                .where(OrderRow.client_order_id.in_(order_ids))
+                .order_by(OrderRow.id)
                 .with_for_update()
             )
         }
@@ -407,14 +410,15 @@ class Ledger:
                 }
             )
         ledger_ids = {
-            r[0]: r[1] for r in insert_ignoring_conflicts(session, Fill, rows, ["fill_id"], ["fill_id", "id"])
+            r[0]: r[1]
+            for r in insert_ignoring_conflicts(session, FillRow, rows, ["fill_id"], ["fill_id", "id"])
         }
         duplicates = [f for f in batch if f.fill_id not in ledger_ids]
         if duplicates:
             stored = {
                 r.fill_id: r
                 for r in session.scalars(
-                    select(Fill).where(Fill.fill_id.in_([f.fill_id for f in duplicates]))
+                    select(FillRow).where(FillRow.fill_id.in_([f.fill_id for f in duplicates]))
                 )
             }
             for fill in duplicates:
@@ -436,7 +440,7 @@ class Ledger:
             touched[order.client_order_id] = order
         if touched:
             session.execute(
-                update(Order),
+                update(OrderRow),
                 [
                     {
                         "id": o.id,
@@ -455,13 +459,13 @@ class Ledger:
         )
 
     @staticmethod
-    def _apply_to_positions(session: Session, applied: list[tuple[_OrderState, NewFill, int]]) -> None:
+    def _apply_to_positions(session: Session, applied: list[tuple[_OrderState, LedgerFill, int]]) -> None:
         keys = sorted({(o.account, o.instrument_id) for o, _, _ in applied})
         if not keys:
             return
         insert_ignoring_conflicts(
             session,
-            Position,
+            PositionRow,
             [
                 {
                     "account": a,
@@ -478,7 +482,7 @@ class Ledger:
         )
         for account, instrument_id in keys:
             row = session.get(
-                Position, (account, instrument_id), with_for_update=True, populate_existing=True
+                PositionRow, (account, instrument_id), with_for_update=True, populate_existing=True
             )
             if row is None:
                 raise StorageError(f"position row {account}/{instrument_id} vanished inside its transaction")
@@ -501,9 +505,9 @@ class Ledger:
         """Fills with ledger ``id > after_id`` in recording order (paginate with the last id)."""
 
         def work(session: Session) -> list[FillRecord]:
-            query = select(Fill).where(Fill.id > after_id).order_by(Fill.id).limit(limit)
+            query = select(FillRow).where(FillRow.id > after_id).order_by(FillRow.id).limit(limit)
             if account is not None:
-                query = query.where(Fill.account == account)
+                query = query.where(FillRow.account == account)
             return [_fill_record(r) for r in session.scalars(query)]
 
         return self._db.read(work, what="read fills")
@@ -512,9 +516,9 @@ class Ledger:
         """How many fills are stored (for one account or all)."""
 
         def work(session: Session) -> int:
-            query = select(func.count()).select_from(Fill)
+            query = select(func.count()).select_from(FillRow)
             if account is not None:
-                query = query.where(Fill.account == account)
+                query = query.where(FillRow.account == account)
             return int(session.scalar(query) or 0)
 
         return self._db.read(work, what="count fills")
@@ -525,7 +529,7 @@ class Ledger:
         """Current positions of ``account`` by instrument id (as maintained with the fills)."""
 
         def work(session: Session) -> dict[int, PositionState]:
-            rows = session.scalars(select(Position).where(Position.account == account))
+            rows = session.scalars(select(PositionRow).where(PositionRow.account == account))
             return {r.instrument_id: _position_state(r) for r in rows}
 
         return self._db.read(work, what="read positions")
@@ -543,7 +547,10 @@ class Ledger:
         states: dict[int, PositionState] = {}
         filled: dict[str, int] = {}
         query = (
-            select(Fill).where(Fill.account == account).order_by(Fill.id).execution_options(yield_per=5000)
+            select(FillRow)
+            .where(FillRow.account == account)
+            .order_by(FillRow.id)
+            .execution_options(yield_per=5000)
         )
         for fill in session.scalars(query):
             state = states.get(fill.instrument_id) or PositionState(
@@ -558,7 +565,7 @@ class Ledger:
                 ledger_id=fill.id,
             )
             filled[fill.client_order_id] = filled.get(fill.client_order_id, 0) + fill.qty
-        for order in session.scalars(select(Order).where(Order.account == account).with_for_update()):
+        for order in session.scalars(select(OrderRow).where(OrderRow.account == account).with_for_update()):
             qty = filled.get(order.client_order_id, 0)
             if qty != order.filled_qty:
                 log.warning(
@@ -572,12 +579,14 @@ class Ledger:
                     order.status = "filled" if qty >= order.qty else "partially_filled"
         stored = {
             r.instrument_id: r
-            for r in session.scalars(select(Position).where(Position.account == account).with_for_update())
+            for r in session.scalars(
+                select(PositionRow).where(PositionRow.account == account).with_for_update()
+            )
         }
         for instrument_id, state in states.items():
             row = stored.get(instrument_id)
             if row is None:
-                session.add(Position(**{f: getattr(state, f) for f in PositionState.__struct_fields__}))
+                session.add(PositionRow(**{f: getattr(state, f) for f in PositionState.__struct_fields__}))
                 continue
             if _position_state(row) != state:
                 log.warning("position %s/%d disagreed with the fills; repaired", account, instrument_id)
@@ -587,9 +596,9 @@ class Ledger:
             session.delete(stored[instrument_id])
         session.flush()
         open_orders = session.scalars(
-            select(Order)
-            .where(Order.account == account, Order.status.in_(OPEN_ORDER_STATUSES))
-            .order_by(Order.id)
+            select(OrderRow)
+            .where(OrderRow.account == account, OrderRow.status.in_(OPEN_ORDER_STATUSES))
+            .order_by(OrderRow.id)
         )
         return LedgerState(
             account=account,

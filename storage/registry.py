@@ -28,11 +28,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage._sql import json_document, nonempty
-from storage.engine import Database
+from storage.database import Database
 from storage.errors import InvalidRecord, InvalidTransition, NotFound, PromotionConflict, StorageError
 from storage.journal import add_event
-from storage.models import Checkpoint, Fold, GateEvent, TrainRun, utc_now
-from storage.records import CheckpointRecord, CheckpointStatus, GateEventRecord, RunStatus
+from storage.tables import CheckpointRow, FoldRow, GateEventRow, TrainRunRow, utc_now
+from storage.values import CheckpointRecord, CheckpointStatus, GateEventRecord, RunStatus
 
 __all__ = ["ModelRegistry"]
 
@@ -45,7 +45,7 @@ def _check_sha(sha256: str) -> str:
     return sha256
 
 
-def _record(row: Checkpoint, replaced_sha: str | None) -> CheckpointRecord:
+def _record(row: CheckpointRow, replaced_sha: str | None) -> CheckpointRecord:
     return CheckpointRecord(
         id=row.id,
         sha256=row.sha256,
@@ -64,22 +64,24 @@ def _record(row: Checkpoint, replaced_sha: str | None) -> CheckpointRecord:
     )
 
 
-def _to_record(session: Session, row: Checkpoint) -> CheckpointRecord:
-    replaced = session.get(Checkpoint, row.replaced_id) if row.replaced_id is not None else None
+def _to_record(session: Session, row: CheckpointRow) -> CheckpointRecord:
+    replaced = session.get(CheckpointRow, row.replaced_id) if row.replaced_id is not None else None
     return _record(row, replaced.sha256 if replaced is not None else None)
 
 
-def _locked(session: Session, sha256: str) -> Checkpoint:
-    row = session.scalar(select(Checkpoint).where(Checkpoint.sha256 == _check_sha(sha256)).with_for_update())
+def _locked(session: Session, sha256: str) -> CheckpointRow:
+    row = session.scalar(
+        select(CheckpointRow).where(CheckpointRow.sha256 == _check_sha(sha256)).with_for_update()
+    )
     if row is None:
         raise NotFound(f"no checkpoint {sha256}")
     return row
 
 
-def _promoted(session: Session, instrument_set: str) -> Checkpoint | None:
+def _promoted(session: Session, instrument_set: str) -> CheckpointRow | None:
     return session.scalar(
-        select(Checkpoint)
-        .where(Checkpoint.instrument_set == instrument_set, Checkpoint.status == "promoted")
+        select(CheckpointRow)
+        .where(CheckpointRow.instrument_set == instrument_set, CheckpointRow.status == "promoted")
         .with_for_update()
     )
 
@@ -98,7 +100,7 @@ class ModelRegistry:
         key = nonempty(instrument_set, "instrument_set", 512)
 
         def work(session: Session) -> int:
-            row = TrainRun(instrument_set=key, status="running", config=document)
+            row = TrainRunRow(instrument_set=key, status="running", config=document)
             session.add(row)
             session.flush()
             return row.id
@@ -119,7 +121,7 @@ class ModelRegistry:
         document = json_document(summary, "train run summary")
 
         def work(session: Session) -> None:
-            row = session.get(TrainRun, run_id, with_for_update=True)
+            row = session.get(TrainRunRow, run_id, with_for_update=True)
             if row is None:
                 raise NotFound(f"no train run {run_id}")
             row.status, row.summary, row.error, row.finished_at = status, document, error, utc_now()
@@ -132,7 +134,7 @@ class ModelRegistry:
         key = nonempty(instrument_set, "instrument_set", 512)
 
         def work(session: Session) -> int:
-            return len(session.scalars(select(TrainRun.id).where(TrainRun.instrument_set == key)).all())
+            return len(session.scalars(select(TrainRunRow.id).where(TrainRunRow.instrument_set == key)).all())
 
         return self._db.read(work, what="count train runs")
 
@@ -140,7 +142,7 @@ class ModelRegistry:
         """The status of a run."""
 
         def work(session: Session) -> RunStatus:
-            row = session.get(TrainRun, run_id)
+            row = session.get(TrainRunRow, run_id)
             if row is None:
                 raise NotFound(f"no train run {run_id}")
             return cast(RunStatus, row.status)
@@ -168,10 +170,12 @@ class ModelRegistry:
 
         def work(session: Session) -> int:
             row = session.scalar(
-                select(Fold).where(Fold.run_id == run_id, Fold.fold_index == fold_index).with_for_update()
+                select(FoldRow)
+                .where(FoldRow.run_id == run_id, FoldRow.fold_index == fold_index)
+                .with_for_update()
             )
             if row is None:
-                row = Fold(run_id=run_id, fold_index=fold_index)
+                row = FoldRow(run_id=run_id, fold_index=fold_index)
                 session.add(row)
             row.train_start_ns, row.train_end_ns = train_ns
             row.test_start_ns, row.test_end_ns = test_ns
@@ -185,7 +189,9 @@ class ModelRegistry:
         """Test metrics of each fold of a run, by fold index."""
 
         def work(session: Session) -> dict[int, dict[str, Any]]:
-            rows = session.scalars(select(Fold).where(Fold.run_id == run_id).order_by(Fold.fold_index))
+            rows = session.scalars(
+                select(FoldRow).where(FoldRow.run_id == run_id).order_by(FoldRow.fold_index)
+            )
             return {r.fold_index: r.metrics for r in rows}
 
         return self._db.read(work, what="read folds")
@@ -206,7 +212,7 @@ class ModelRegistry:
         name = nonempty(kind, "gate kind", 64)
 
         def work(session: Session) -> int:
-            row = GateEvent(
+            row = GateEventRow(
                 run_id=run_id,
                 kind=name,
                 passed=passed,
@@ -225,7 +231,9 @@ class ModelRegistry:
         """Gate events of a run, oldest first."""
 
         def work(session: Session) -> list[GateEventRecord]:
-            rows = session.scalars(select(GateEvent).where(GateEvent.run_id == run_id).order_by(GateEvent.id))
+            rows = session.scalars(
+                select(GateEventRow).where(GateEventRow.run_id == run_id).order_by(GateEventRow.id)
+            )
             return [
                 GateEventRecord(
                     id=r.id,
@@ -266,9 +274,9 @@ class ModelRegistry:
         document = json_document(metrics, f"checkpoint {sha256[:12]} metrics")
 
         def work(session: Session) -> CheckpointRecord:
-            row = session.scalar(select(Checkpoint).where(Checkpoint.sha256 == sha256))
+            row = session.scalar(select(CheckpointRow).where(CheckpointRow.sha256 == sha256))
             if row is None:
-                row = Checkpoint(
+                row = CheckpointRow(
                     sha256=sha256,
                     instrument_set=key,
                     layout_fingerprint=fingerprint,
@@ -399,12 +407,12 @@ class ModelRegistry:
         return self._db.write(work, what="roll back checkpoint", on_integrity=self._conflict(instrument_set))
 
     @staticmethod
-    def _rollback_target(session: Session, current: Checkpoint) -> Checkpoint:
+    def _rollback_target(session: Session, current: CheckpointRow) -> CheckpointRow:
         seen = {current.id}
         candidate_id = current.replaced_id
         while candidate_id is not None and candidate_id not in seen:
             seen.add(candidate_id)
-            row = session.get(Checkpoint, candidate_id, with_for_update=True)
+            row = session.get(CheckpointRow, candidate_id, with_for_update=True)
             if row is None:
                 break
             if row.status == "retired":
@@ -429,8 +437,8 @@ class ModelRegistry:
 
         def work(session: Session) -> CheckpointRecord | None:
             row = session.scalar(
-                select(Checkpoint).where(
-                    Checkpoint.instrument_set == instrument_set, Checkpoint.status == "promoted"
+                select(CheckpointRow).where(
+                    CheckpointRow.instrument_set == instrument_set, CheckpointRow.status == "promoted"
                 )
             )
             return _to_record(session, row) if row is not None else None
@@ -441,7 +449,7 @@ class ModelRegistry:
         """One checkpoint by hash (``NotFound`` if unknown)."""
 
         def work(session: Session) -> CheckpointRecord:
-            row = session.scalar(select(Checkpoint).where(Checkpoint.sha256 == _check_sha(sha256)))
+            row = session.scalar(select(CheckpointRow).where(CheckpointRow.sha256 == _check_sha(sha256)))
             if row is None:
                 raise NotFound(f"no checkpoint {sha256}")
             return _to_record(session, row)
@@ -454,13 +462,13 @@ class ModelRegistry:
         """Checkpoints, oldest first, optionally filtered by instrument set and status."""
 
         def work(session: Session) -> list[CheckpointRecord]:
-            query = select(Checkpoint).order_by(Checkpoint.id)
+            query = select(CheckpointRow).order_by(CheckpointRow.id)
             if instrument_set is not None:
-                query = query.where(Checkpoint.instrument_set == instrument_set)
+                query = query.where(CheckpointRow.instrument_set == instrument_set)
             if status is not None:
-                query = query.where(Checkpoint.status == status)
+                query = query.where(CheckpointRow.status == status)
             rows = list(session.scalars(query))
-            by_id = {r.id: r.sha256 for r in session.scalars(select(Checkpoint))} if rows else {}
+            by_id = {r.id: r.sha256 for r in session.scalars(select(CheckpointRow))} if rows else {}
             return [_record(r, by_id.get(r.replaced_id) if r.replaced_id else None) for r in rows]
 
         return self._db.read(work, what="list checkpoints")
@@ -469,6 +477,8 @@ class ModelRegistry:
         """Hashes whose files must be kept (candidate, promoted, retired); see ``CheckpointStore.purge``."""
 
         def work(session: Session) -> set[str]:
-            return set(session.scalars(select(Checkpoint.sha256).where(Checkpoint.status != "rejected")))
+            return set(
+                session.scalars(select(CheckpointRow.sha256).where(CheckpointRow.status != "rejected"))
+            )
 
         return self._db.read(work, what="list referenced checkpoints")

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.config import StorageConfig
-from storage.engine import Database
+from storage.database import Database
 from storage.errors import SchemaAheadOfCode, SchemaBehindHead, StorageError
 from storage.url import is_embedded, resolve_url
 

@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from agent import __version__
+from agent.backtest.books import DecisionLog
 from agent.backtest.fast import FillList
-from agent.backtest.kernel import DecisionLog
 from agent.config import Config
 from agent.execution.broker import PaperBroker
 from agent.execution.ledger_rows import ledger_fills, ledger_orders
@@ -44,11 +45,11 @@ from feeds.config import InstrumentSpec
 from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
 from feeds.records import MBP10_DTYPE, PRICE_SCALE
 from feeds.sources import HealthEvent, HealthKind, ReplaySource
-from storage.engine import Database
+from storage.database import Database
 from storage.instruments import Instruments
 from storage.journal import Journal
 from storage.ledger import Ledger
-from storage.records import InstrumentInfo
+from storage.values import InstrumentInfo
 
 __all__ = ["EventDriver", "EventRun"]
 
@@ -137,7 +138,7 @@ class EventDriver:
             ]
         )
         session = Journal(self.database).start_session(
-            mode="backtest", host=socket.gethostname(), pid=os.getpid(), version="0.1.0"
+            mode="backtest", host=socket.gethostname(), pid=os.getpid(), version=__version__
         )
         self.session_id = session
         source = ReplaySource(path, pace=0.0, batch_records=8192)

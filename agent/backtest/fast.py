@@ -23,7 +23,7 @@ Of the trading step's rules it applies the decision, the position clamp
 (:meth:`agent.trading.risk.RiskLimits.clamp_targets`) and the order as the difference to the
 position; it sends market orders only. The order-rate limit and the daily-loss and drawdown
 halt act across instruments in time order, which spans stepped in lockstep do not follow: they
-are not simulated here. :func:`agent.backtest.run.run_backtest` replays the run's path through
+are not simulated here. :func:`agent.backtest.api.run_backtest` replays the run's path through
 them afterwards (:func:`agent.trading.risk.first_binding`) and refuses a run in which one would
 have acted, and refuses ``--fast`` with limit orders up front.
 """
@@ -39,11 +39,18 @@ from typing import Any
 
 import numpy as np
 
+from agent.backtest.books import DecisionLog
 from agent.backtest.errors import BacktestError
-from agent.backtest.kernel import DecisionLog
 from agent.config import Config
 from agent.execution.config import FillPrice
-from agent.execution.fills import Ledger, apply_fills, execution_price, execution_rows, fees, walk_book
+from agent.execution.fills import (
+    PositionArrays,
+    apply_fills,
+    execution_price,
+    execution_rows,
+    fees,
+    walk_book,
+)
 from agent.policy.regime import RegimeTracker
 from agent.trading.decider import Decider
 from agent.trading.observation import observation_rows
@@ -210,7 +217,7 @@ def run_fast(
     reward_scale = config.train.reward_scale
 
     n_slots = slot_id.shape[0]
-    ledger = Ledger.flat(n_slots)
+    held = PositionArrays.flat(n_slots)
     log = DecisionLog()
     fills = FillList.empty()
     steps = int((hi - lo).max())
@@ -222,11 +229,11 @@ def run_fast(
         bar = bar_all[active]
         who_inst = inst[active]
         g = offsets[who_inst] + bar
-        pos = ledger.position[active].astype(np.int64)
+        pos = held.position[active].astype(np.int64)
         rows = observation_rows(
             feats[g],
             positions=pos,
-            entry_px=ledger.avg_price[active],
+            entry_px=held.avg_price[active],
             mid_ticks=mid_ticks[g],
             tick_px=tick_px[who_inst],
             reward_scale=reward_scale,
@@ -250,12 +257,12 @@ def run_fast(
             ordered=trade[live],
         )
         if trade.any():
-            ledger = _execute(
+            held = _execute(
                 records=bars.records,
                 rows=exec_index[g[trade]],
                 qty=(target - pos)[trade].astype(np.float64),
                 slots=active[trade],
-                ledger=ledger,
+                held=held,
                 fee=fee,
                 fill_price=config.broker.fill_price,
                 out=fills,
@@ -274,17 +281,17 @@ def _execute(
     rows: np.ndarray[Any, Any],
     qty: np.ndarray[Any, Any],
     slots: np.ndarray[Any, Any],
-    ledger: Ledger,
+    held: PositionArrays,
     fee: float,
     fill_price: FillPrice,
     out: FillList,
     instrument: np.ndarray[Any, Any],
     bar: np.ndarray[Any, Any],
     ts_ns: np.ndarray[Any, Any],
-) -> Ledger:
+) -> PositionArrays:
     """Market orders of signed size ``qty`` against the books of ``records[rows]``: the paper
     broker's book walk (IOC remainder dropped), priced by its fill rule and rounded to a
-    fixed-point unit, fees per contract. Books the fills in ``ledger`` (one entry per slot) and
+    fixed-point unit, fees per contract. Books the fills in ``held`` (one entry per slot) and
     appends them to ``out``."""
     book = records[rows]
     levels = {name: np.stack([book[f] for f in fields], axis=1) for name, fields in _LEVEL_FIELDS.items()}
@@ -293,8 +300,8 @@ def _execute(
     done = np.isfinite(exec_px)
     filled = np.where(done, np.asarray(fill.filled, dtype=np.float64), 0.0)
     price = np.where(done, np.rint(np.nan_to_num(exec_px)), 0.0)
-    qty_all = np.zeros(ledger.position.shape[0])
-    px_all = np.zeros(ledger.position.shape[0])
+    qty_all = np.zeros(held.position.shape[0])
+    px_all = np.zeros(held.position.shape[0])
     qty_all[slots] = filled
     px_all[slots] = price
     out.instrument.extend(instrument[done].tolist())
@@ -303,4 +310,4 @@ def _execute(
     out.qty.extend(filled[done].tolist())
     out.price.extend(price[done].tolist())
     out.fee.extend(np.asarray(fees(filled[done], fee), dtype=np.float64).tolist())
-    return apply_fills(ledger, qty_all, px_all)
+    return apply_fills(held, qty_all, px_all)

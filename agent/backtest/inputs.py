@@ -33,10 +33,10 @@ from storage.checkpoints import CheckpointStore
 from storage.config import StorageConfig
 from storage.errors import StorageError
 from storage.floors import LearnedFloors
-from storage.records import instrument_set_key
 from storage.registry import ModelRegistry
 from storage.schema import open_database
 from storage.url import is_embedded, resolve_url
+from storage.values import instrument_set_key
 
 __all__ = [
     "DaySelection",

@@ -13,11 +13,11 @@ Keys:
 
 ``p50_ms``, ``p99_ms``
     From the arrival of the record that closes a bar (the wall-clock time the NATS batch holding
-    it was taken from the transport, see ``agent.daemon.app.closing_arrivals``; before
+    it was taken from the transport, see ``agent.daemon.intake.closing_arrivals``; before
     2026-11-30 a run of batches counted from its first batch) to the order leaving the daemon
     (handed to the paper broker, after the batched decision and the risk checks; the order's
-    ledger row is committed right behind it, see ``Daemon._place``). Bars closed by the clock on
-    a quiet feed are measured from that clock tick.
+    ledger row is committed right behind it, see :mod:`agent.daemon.placement`). Bars closed by
+    the clock on a quiet feed are measured from that clock tick.
 ``records_per_s``
     Records the daemon consumed per second of wall time over the run.
 
@@ -26,26 +26,37 @@ and ``ledger_p50_ms``/``ledger_p99_ms`` (from an order's placing to its row's co
 included: what an order would wait if it were committed before leaving, as orders bound for a
 gateway are). Also: ``orders``, ``decisions``, ``bars_dropped`` (stale or overflowing
 decisions), ``instruments``, ``seconds``, ``device``.
+
+How it measures, from outside the daemon's code: each order's latency is the ``latency_ns`` of
+its ``order`` message on the daemon's telemetry socket (to which the benchmark subscribes, as
+any operator's tool may); the decisions and the ledger commits are timed by wrapping two public
+calls for the run (:class:`_Probes`: ``InferenceEngine.decide`` and ``Ledger.record_orders``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
+import zmq
+import zmq.asyncio
 
-from agent.bench.nats_server import NatsServer, NatsServerUnavailable
 from agent.config import Config
+from agent.control.endpoints import telemetry_endpoint
 from agent.daemon.app import Daemon
+from agent.daemon.lifecycle import State
 from agent.errors import AgentError
+from agent.gpu.engine import InferenceEngine
 from agent.model.checkpoint import checkpoint_to_bytes
 from agent.model.config import ModelConfig
 from agent.model.params import init_params, layout_fingerprint, param_shapes
@@ -53,9 +64,10 @@ from agent.train.env import AGENT_FEATURES
 from feeds.config import InstrumentSpec, SynthConfig
 from feeds.dbn import read_mbp10, write_mbp10
 from feeds.features import FEATURE_NAMES
+from feeds.natsd import NatsServer, NatsServerUnavailable
 from feeds.synth import write_synthetic
-from storage import CheckpointStore, ModelRegistry, open_database
-from storage.records import instrument_set_key
+from storage import CheckpointStore, Ledger, ModelRegistry, open_database
+from storage.values import LedgerOrder, instrument_set_key
 
 __all__ = ["add_arguments", "run", "trading_checkpoint"]
 
@@ -179,52 +191,49 @@ def _install(config: Config, blob: bytes, fingerprint: str) -> None:
 
 
 async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[str, Any]:
-    config_path = root / "relay.toml"
-    config_path.write_text(
+    relay_config = root / "relay.toml"
+    relay_config.write_text(
         f'[feeds.source]\nnats_url = "{config.feeds.source.nats_url}"\ndataset = "BENCH"\n', encoding="utf-8"
     )
-    daemon = Daemon(config)
-    task = asyncio.get_running_loop().create_task(daemon.run())
-    while daemon.state != "running":
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.05)
-    log = (root / "relay.log").open("wb")
-    relay = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "agent.cli", "--config", str(config_path), "relay"),
-            *("--source", "replay", "--path", str(feed), "--pace", "1"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
-    source = daemon._source
-    assert source is not None
-    first: float | None = None
-    deadline = time.monotonic() + 120 + total / 1000
-    while source.counters.records < total and time.monotonic() < deadline:
-        if first is None and source.counters.records:
-            first = time.monotonic()
-        if relay.poll() not in (None, 0):
-            break
-        await asyncio.sleep(0.01)
-    elapsed = time.monotonic() - (first or time.monotonic())
-    await asyncio.sleep(0.5)
-    consumed = source.counters.records
-    relay.wait(60)
-    latencies = np.array(daemon.latencies_ns, dtype=np.float64) / 1e6
-    decide = np.array(daemon.decide_ns, dtype=np.float64) / 1e6
-    ledger = np.array(daemon.ledger_ns, dtype=np.float64) / 1e6
-    counts = dict(daemon.counts)
-    engine = daemon._models.engine if daemon._models is not None else None
-    device = engine.backend.description if engine is not None else config.device
-    daemon.request_stop()
-    await task
-    if relay.returncode != 0:
-        raise AgentError(f"relay failed: {(root / 'relay.log').read_text(errors='replace')[-2000:]}")
+    probes = _Probes()
+    sent: list[dict[str, Any]] = []
+    ctx = zmq.asyncio.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(b"order")
+    try:
+        with probes.installed():
+            daemon = Daemon(config)
+            task = asyncio.get_running_loop().create_task(daemon.run())
+            try:
+                while daemon.state is not State.RUNNING:
+                    if task.done():
+                        task.result()
+                    await asyncio.sleep(0.05)
+                sub.connect(telemetry_endpoint(config.control, config.data_dir))
+                reader = asyncio.get_running_loop().create_task(_read_orders(sub, sent))
+                elapsed, consumed = await _relay(daemon, relay_config, feed, total, root / "relay.log")
+                counts = daemon.counts
+                deadline = time.monotonic() + 10  # every order's telemetry message reached us
+                while len(sent) < counts["orders"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                reader.cancel()
+                engine = daemon.engine
+                device = engine.backend.description if engine is not None else config.device
+            finally:
+                daemon.request_stop()
+                await task
+    finally:
+        sub.close(linger=0)
+        ctx.destroy(linger=0)
+    latencies = np.array([o["latency_ns"] for o in sent], dtype=np.float64) / 1e6
     if latencies.size == 0:
         raise AgentError("the daemon sent no order during the benchmark; no latency to report")
+    decide = np.array(probes.decide_ns, dtype=np.float64) / 1e6
+    committed = probes.committed_ns
+    waits = [
+        committed[o["client_order_id"]] - o["sent_ns"] for o in sent if o["client_order_id"] in committed
+    ]
+    ledger = np.array(waits, dtype=np.float64) / 1e6
     return {
         "p50_ms": _pct(latencies, 50),
         "p99_ms": _pct(latencies, 99),
@@ -232,16 +241,94 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
         "decide_p50_ms": _pct(decide, 50),
         "decide_p99_ms": _pct(decide, 99),
         "decide_calls": int(decide.size),
-        "feed_runs": counts.get("feed_runs", 0),
+        "feed_runs": counts["feed_runs"],
         "ledger_p50_ms": _pct(ledger, 50),
         "ledger_p99_ms": _pct(ledger, 99),
         "orders": int(latencies.size),
-        "decisions": counts.get("decisions", 0),
-        "bars_dropped": counts.get("dropped_decisions", 0) + counts.get("stale_decisions", 0),
+        "decisions": counts["decisions"],
+        "bars_dropped": counts["dropped_decisions"] + counts["stale_decisions"],
         "instruments": len(config.feeds.instruments),
         "seconds": round(elapsed, 2),
         "device": device,
     }
+
+
+async def _relay(
+    daemon: Daemon, relay_config: Path, feed: Path, total: int, log_path: Path
+) -> tuple[float, int]:
+    """Relay ``feed`` at real-time pace to the running daemon: the seconds from its first
+    record to the last (or to the deadline), and the records it consumed."""
+    log = log_path.open("wb")
+    relay = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "agent.cli", "--config", str(relay_config), "relay"),
+            *("--source", "replay", "--path", str(feed), "--pace", "1"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    first: float | None = None
+    deadline = time.monotonic() + 120 + total / 1000
+    while (records := daemon.status().feed["records"]) < total and time.monotonic() < deadline:
+        if first is None and records:
+            first = time.monotonic()
+        if relay.poll() not in (None, 0):
+            break
+        await asyncio.sleep(0.01)
+    elapsed = time.monotonic() - (first or time.monotonic())
+    await asyncio.sleep(0.5)  # the last bars' decisions and orders
+    consumed = daemon.status().feed["records"]
+    if await asyncio.to_thread(relay.wait, 60) != 0:
+        raise AgentError(f"relay failed: {log_path.read_text(errors='replace')[-2000:]}")
+    return elapsed, consumed
+
+
+async def _read_orders(sub: zmq.asyncio.Socket, out: list[dict[str, Any]]) -> None:
+    """Every ``order`` message of the daemon's telemetry (its latency, when it left)."""
+    while True:
+        _, body = await sub.recv_multipart()
+        out.append(msgspec.json.decode(body))
+
+
+class _Probes:
+    """Two public calls of the daemon's process, wrapped for the run: the duration of each
+    ``InferenceEngine.decide`` (one batched decision), and when each order's ledger row was
+    committed (``Ledger.record_orders``, on the daemon's SQL thread)."""
+
+    def __init__(self) -> None:
+        self.decide_ns: list[int] = []
+        self.committed_ns: dict[str, int] = {}
+        """client order id -> wall clock (UNIX ns) when its row's transaction returned."""
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        decide, record_orders = InferenceEngine.decide, Ledger.record_orders
+
+        def timed_decide(engine: InferenceEngine, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter_ns()
+            try:
+                return decide(engine, *args, **kwargs)
+            finally:
+                self.decide_ns.append(time.perf_counter_ns() - started)
+
+        def stamped_record_orders(
+            ledger: Ledger, rows: Sequence[LedgerOrder], *args: Any, **kwargs: Any
+        ) -> Any:
+            result = record_orders(ledger, rows, *args, **kwargs)
+            now = time.time_ns()
+            for row in rows:
+                self.committed_ns[row.client_order_id] = now
+            return result
+
+        with contextlib.ExitStack() as stack:
+            for owner, name, wrapper in (
+                (InferenceEngine, "decide", timed_decide),
+                (Ledger, "record_orders", stamped_record_orders),
+            ):
+                stack.callback(setattr, owner, name, getattr(owner, name))
+                setattr(owner, name, wrapper)
+            yield
 
 
 def _pct(values: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float | None:

@@ -27,13 +27,13 @@ import msgspec
 from rich.console import Console
 from rich.progress import Progress
 
+from agent.bench.scratch_db import scratch_database
 from agent.config import Config
 from storage import Instruments, Ledger, ModelRegistry, StorageConfig, open_database
-from storage.engine import Database
+from storage.database import Database
 from storage.errors import StorageError
-from storage.records import InstrumentInfo, NewFill, NewOrder
 from storage.schema import upgrade
-from storage.scratch import scratch_database
+from storage.values import InstrumentInfo, LedgerFill, LedgerOrder
 
 __all__ = ["add_arguments", "run"]
 
@@ -60,13 +60,13 @@ def _fills_per_s(database: Database, fills: int, batch: int, label: str) -> floa
     Instruments(database).upsert([_INSTRUMENT])
     ledger = Ledger(database)
     orders = [
-        NewOrder(client_order_id=f"o{i}", instrument_id=1, side="buy" if i % 2 else "sell", qty=1, ts_ns=i)
+        LedgerOrder(client_order_id=f"o{i}", instrument_id=1, side="buy" if i % 2 else "sell", qty=1, ts_ns=i)
         for i in range(fills)
     ]
     for start in range(0, fills, 5_000):
         ledger.record_orders(orders[start : start + 5_000])
     new_fills = [
-        NewFill(
+        LedgerFill(
             fill_id=f"f{i}",
             client_order_id=f"o{i}",
             qty=1,

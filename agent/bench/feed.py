@@ -57,12 +57,12 @@ import zstandard
 from rich.console import Console
 from rich.progress import Progress
 
-from agent.bench.nats_server import NatsServer, NatsServerUnavailable
 from agent.config import Config
 from agent.errors import AgentError
 from feeds.config import FeedsConfig
 from feeds.dbn import StreamDecoder, read_mbp10, write_mbp10
 from feeds.features import IncrementalFeatures, compute_file
+from feeds.natsd import NatsServer, NatsServerUnavailable
 from feeds.sources import NatsSource, RecordBatch, config_symbols
 from feeds.synth import write_synthetic
 

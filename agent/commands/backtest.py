@@ -20,8 +20,8 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
+from agent.backtest.api import FAST_CHUNKS, BacktestRequest, run_backtest
 from agent.backtest.inputs import parse_bound
-from agent.backtest.run import FAST_CHUNKS, BacktestRequest, run_backtest
 from agent.commands.outputs import output_dir
 from agent.commands.progress import RichProgress
 from agent.commands.train import symbols_of

@@ -3,7 +3,7 @@
 Each benchmark is a module ``agent.bench.<name>`` with a function ``run(args, config) -> dict``
 (and optionally ``add_arguments(parser)``); this module only dispatches. With ``--json`` one
 JSON object goes to stdout (progress and logs go to stderr); otherwise a table is printed.
-The keys of each benchmark are documented in README.md.
+The keys of each benchmark and its figures are in docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from agent.config import load_config
-from storage.engine import Database
+from storage.database import Database
 from storage.schema import current_revision, head_revision, history, open_database, upgrade
 
 __all__ = ["register"]

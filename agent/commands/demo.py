@@ -46,8 +46,7 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from agent.backtest.run import BacktestRequest, run_backtest
-from agent.bench.nats_server import NatsServer, NatsServerUnavailable
+from agent.backtest.api import BacktestRequest, run_backtest
 from agent.commands.outputs import output_dir
 from agent.commands.progress import RichProgress
 from agent.config import Config, load_config
@@ -60,6 +59,7 @@ from agent.reports.page import write_atomic
 from agent.train.report import write_report
 from agent.train.run import TrainRequest, TrainSummary, run_training
 from feeds.config import InstrumentSpec
+from feeds.natsd import NatsServer, NatsServerUnavailable
 from feeds.sources import config_symbols
 from feeds.synth import write_synthetic
 from storage import ModelRegistry, open_database

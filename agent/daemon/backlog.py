@@ -2,7 +2,7 @@
 
 Every ledger write of the daemon that must not be lost (a venue report, the rows of orders sent
 to the paper broker) enters this one queue and is persisted from its head, in order, by the
-daemon's writes task (:mod:`agent.daemon.app`). While the database refuses writes (unavailable,
+daemon's writes task (:mod:`agent.daemon.writes`). While the database refuses writes (unavailable,
 disk full) the entries wait here:
 
 * Up to ``daemon.write_queue`` of them in memory. When one more arrives, every pending entry is
@@ -47,7 +47,7 @@ import msgspec
 from agent.daemon.config import DaemonConfig
 from agent.errors import AgentError
 from agent.execution.protocol import Ack, Cancelled, Fill, Reject
-from storage.records import NewOrder as LedgerOrder
+from storage.values import LedgerOrder
 
 __all__ = [
     "Backlog",
@@ -71,8 +71,6 @@ class OrderRows(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag
     """Ledger rows of orders already sent to the paper broker, waiting for their commit."""
 
     rows: tuple[LedgerOrder, ...]
-    queued_ns: int
-    """``perf_counter_ns`` when queued (the ``bench daemon`` ledger figures; this process only)."""
 
 
 Entry = Ack | Reject | Fill | Cancelled | OrderRows

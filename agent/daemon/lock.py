@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agent.errors import AgentError
 from storage.errors import LeaseHeld
-from storage.records import LeaseRecord
+from storage.values import LeaseRecord
 
 __all__ = ["LOCK_FILE", "DaemonLock", "DaemonLocked", "holder_gone", "lease_refused"]
 

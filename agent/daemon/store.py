@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from storage import CheckpointStore, Instruments, Journal, LearnedFloors, Leases, Ledger, ModelRegistry
-from storage.engine import Database
+from storage.database import Database
 
 __all__ = ["SqlWorker"]
 

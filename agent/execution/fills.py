@@ -29,7 +29,7 @@ from feeds.records import UNDEF_PRICE
 
 __all__ = [
     "BookFill",
-    "Ledger",
+    "PositionArrays",
     "apply_fills",
     "execution_price",
     "execution_rows",
@@ -191,16 +191,17 @@ def step_pnl_ticks(
     At the decision bar the position moves from ``pos_prev`` to ``pos_new`` (cost charged by
     :func:`position_change_cost_ticks`), then it is held until the next bar:
     ``gross = pos_new * (mark_next - mark_now)``. Summed over a path, ``gross - cost`` equals the
-    ledger's realised + unrealised P&L minus fees (:func:`apply_fills` filling at mid + buy cost or
-    mid - sell cost), which the tests check.
+    realised + unrealised P&L of :class:`PositionArrays` minus fees (:func:`apply_fills` filling
+    at mid + buy cost or mid - sell cost), which the tests check.
     """
     gross = pos_new * (mark_next - mark_now)
     cost = position_change_cost_ticks(pos_new - pos_prev, buy_cost_ticks, sell_cost_ticks, fee_ticks)
     return gross, cost
 
 
-class Ledger(NamedTuple):
-    """Vectorised position accounting, one entry per account/instrument (all shape ``[B]``).
+class PositionArrays(NamedTuple):
+    """Vectorised position accounting, one entry per account/instrument (all shape ``[B]``); the
+    in-memory counterpart of the SQL ledger's positions (:class:`storage.Ledger`).
 
     ``avg_price`` is the average entry price of the open position (price unit; 0 when flat);
     ``realised_px`` the realised P&L in price unit x contracts (before fees).
@@ -211,20 +212,20 @@ class Ledger(NamedTuple):
     realised_px: Array
 
     @classmethod
-    def flat(cls, n: int, xp: ModuleType = np) -> Ledger:
-        """``n`` flat, empty ledgers on the array module ``xp``."""
+    def flat(cls, n: int, xp: ModuleType = np) -> PositionArrays:
+        """``n`` flat positions on the array module ``xp``."""
         return cls(xp.zeros(n), xp.zeros(n), xp.zeros(n))
 
 
-def apply_fills(ledger: Ledger, qty: Array, price: Array) -> Ledger:
+def apply_fills(positions: PositionArrays, qty: Array, price: Array) -> PositionArrays:
     """Book fills of signed size ``qty`` at ``price`` (``[B]`` each; ``qty == 0`` is a no-op).
 
     Increasing a position averages the entry price; reducing it realises
     ``closed * (price - avg_price)``; crossing through zero realises the whole old position and
     opens the remainder at ``price``.
     """
-    xp = array_module(ledger.position, qty, price)
-    pos, avg, realised = ledger
+    xp = array_module(positions.position, qty, price)
+    pos, avg, realised = positions
     q = xp.asarray(qty, dtype=np.float64)
     p = xp.where(q != 0, xp.asarray(price, dtype=np.float64), 0.0)
     new_pos = pos + q
@@ -236,13 +237,13 @@ def apply_fills(ledger: Ledger, qty: Array, price: Array) -> Ledger:
     flipped = ~increasing & (xp.abs(q) > xp.abs(pos))
     new_avg = xp.where(increasing, averaged, xp.where(flipped, p, avg))
     new_avg = xp.where((new_pos == 0) | (q == 0), xp.where(q == 0, avg, 0.0), new_avg)
-    return Ledger(new_pos, new_avg, realised)
+    return PositionArrays(new_pos, new_avg, realised)
 
 
-def unrealised(ledger: Ledger, mark: Array) -> Array:
+def unrealised(positions: PositionArrays, mark: Array) -> Array:
     """Open P&L at ``mark`` (price unit x contracts): ``position * (mark - avg_price)``."""
-    xp = array_module(ledger.position, mark)
-    return xp.where(ledger.position != 0, ledger.position * (mark - ledger.avg_price), 0.0)
+    xp = array_module(positions.position, mark)
+    return xp.where(positions.position != 0, positions.position * (mark - positions.avg_price), 0.0)
 
 
 def to_currency(pnl_px: Array, tick_size: float, tick_value: float) -> Array:

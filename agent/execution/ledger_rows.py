@@ -1,14 +1,14 @@
 """Wire messages as ledger rows: the one translation from :mod:`agent.execution.protocol`
-(what venues speak) to :mod:`storage.records` (what the ledger stores), shared by the daemon and
-the event-driven backtest so both persist exactly the same rows."""
+(what venues speak: ``NewOrder``, ``Fill``) to :mod:`storage.values` (what the ledger stores:
+``LedgerOrder``, ``LedgerFill``), shared by the daemon and the event-driven backtest so both
+persist exactly the same rows."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from agent.execution.protocol import Fill, NewOrder
-from storage.records import NewFill
-from storage.records import NewOrder as LedgerOrder
+from storage.values import LedgerFill, LedgerOrder
 
 __all__ = ["ledger_fills", "ledger_orders"]
 
@@ -31,10 +31,10 @@ def ledger_orders(orders: Iterable[NewOrder], *, account: str, session_id: int |
     ]
 
 
-def ledger_fills(fills: Iterable[Fill]) -> list[NewFill]:
+def ledger_fills(fills: Iterable[Fill]) -> list[LedgerFill]:
     """The ledger rows of venue fill reports (prices in 1e-9 fixed point, as on the wire)."""
     return [
-        NewFill(
+        LedgerFill(
             fill_id=f.fill_id,
             client_order_id=f.client_order_id,
             qty=f.qty,

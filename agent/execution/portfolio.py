@@ -1,7 +1,7 @@
-"""Positions and P&L of the daemon, kept with the shared ledger maths (:mod:`agent.execution.fills`).
+"""Positions and P&L of the daemon, kept with the shared accounting maths (:mod:`agent.execution.fills`).
 
-One :class:`~agent.execution.fills.Ledger` row per configured instrument, in 1e-9 fixed-point
-price units; :meth:`Portfolio.apply` books one fill (the caller has written it to the SQL
+One :class:`~agent.execution.fills.PositionArrays` entry per configured instrument, in 1e-9
+fixed-point price units; :meth:`Portfolio.apply` books one fill (the caller has written it to the SQL
 ledger first). Currency figures use each instrument's tick size and tick value.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.execution.fills import Ledger, apply_fills, to_currency, unrealised
+from agent.execution.fills import PositionArrays, apply_fills, to_currency, unrealised
 from agent.execution.protocol import Fill
 from feeds.config import InstrumentSpec
 from feeds.records import PRICE_SCALE
@@ -28,7 +28,7 @@ class Portfolio:
         n = len(instruments)
         self._tick_px = [spec.tick_size * PRICE_SCALE for spec in instruments]
         self._tick_value = [spec.tick_value for spec in instruments]
-        self._ledger = Ledger.flat(n)
+        self._state = PositionArrays.flat(n)
         self._fees = np.zeros(n)
         self.fills = 0
 
@@ -42,7 +42,7 @@ class Portfolio:
         price = np.zeros(len(self._index))
         qty[i] = fill.qty if fill.side == "buy" else -fill.qty
         price[i] = fill.price
-        self._ledger = apply_fills(self._ledger, qty, price)
+        self._state = apply_fills(self._state, qty, price)
         self._fees[i] += fill.fee
         self.fills += 1
 
@@ -51,33 +51,33 @@ class Portfolio:
     ) -> None:
         """Set one instrument's state rebuilt from the ledger (fixed-point price units)."""
         i = self._index[instrument_id]
-        pos, avg, real = (np.array(a, copy=True) for a in self._ledger)
+        pos, avg, real = (np.array(a, copy=True) for a in self._state)
         pos[i], avg[i], real[i] = position, avg_price, realised_px
-        self._ledger = Ledger(pos, avg, real)
+        self._state = PositionArrays(pos, avg, real)
         self._fees[i] = fees
 
     def position(self, instrument_id: int) -> int:
-        return int(self._ledger.position[self._index[instrument_id]])
+        return int(self._state.position[self._index[instrument_id]])
 
     def positions(self) -> dict[int, int]:
-        return {iid: int(self._ledger.position[i]) for iid, i in self._index.items()}
+        return {iid: int(self._state.position[i]) for iid, i in self._index.items()}
 
     def avg_price(self, instrument_id: int) -> float:
-        return float(self._ledger.avg_price[self._index[instrument_id]])
+        return float(self._state.avg_price[self._index[instrument_id]])
 
     def realised(self) -> float:
         """Realised P&L net of fees, account currency."""
-        return self._currency(self._ledger.realised_px) - float(self._fees.sum())
+        return self._currency(self._state.realised_px) - float(self._fees.sum())
 
     def unrealised(self, marks: Mapping[int, float]) -> float:
         """Open P&L at the given marks (instrument id -> fixed-point price), account currency.
         Instruments without a mark count as zero."""
-        mark = self._ledger.avg_price.copy()
+        mark = self._state.avg_price.copy()
         for iid, price in marks.items():
             i = self._index.get(iid)
             if i is not None:
                 mark[i] = price
-        return self._currency(unrealised(self._ledger, mark))
+        return self._currency(unrealised(self._state, mark))
 
     def _currency(self, pnl_px: np.ndarray[Any, np.dtype[np.float64]]) -> float:
         return sum(
@@ -88,6 +88,6 @@ class Portfolio:
     def unrealised_of(self, instrument_id: int, mark: float) -> float:
         """Open P&L of one instrument at ``mark`` (fixed-point price), account currency."""
         i = self._index[instrument_id]
-        one = Ledger(*(a[i : i + 1] for a in self._ledger))
+        one = PositionArrays(*(a[i : i + 1] for a in self._state))
         pnl = unrealised(one, np.array([mark], dtype=np.float64))
         return float(to_currency(pnl, self._tick_px[i], self._tick_value[i])[0])

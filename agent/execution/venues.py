@@ -58,7 +58,7 @@ class Venue(Protocol):
     @property
     def external(self) -> bool:
         """True when orders live on outside this process (a gateway): the daemon then commits
-        an order to the ledger before sending it (see ``Daemon._place``)."""
+        an order to the ledger before sending it (see ``agent.daemon.placement``)."""
         ...
 
     async def start(self) -> None: ...

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from agent.backtest.run import BacktestResult
+from agent.backtest.api import BacktestResult
 from agent.reports.page import fmt, page, table, write_atomic
 from agent.reports.svg import COLOURS, bar_chart, line_chart, stacked_bars
 from agent.train.metrics import Performance

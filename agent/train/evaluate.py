@@ -1,7 +1,7 @@
 """The gate's as-traded evaluations, run beside the training.
 
 Each fold's model (and the incumbent) is scored by ``tradeagent backtest``'s event-driven
-driver on the fold's test block (:func:`agent.backtest.run.run_backtest`). Those backtests are
+driver on the fold's test block (:func:`agent.backtest.api.run_backtest`). Those backtests are
 independent of each other and of the folds still training, so :class:`AsTradedRunner` runs them
 in worker processes while the trainer goes on; the results are the same, to the cent, as the
 same backtests run one after another (each is deterministic and starts from nothing but the
@@ -22,8 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
+from agent.backtest.api import BacktestRequest, BacktestResult, run_backtest
 from agent.backtest.inputs import ResolvedCheckpoint
-from agent.backtest.run import BacktestRequest, BacktestResult, run_backtest
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint
 from agent.progress import SILENT

@@ -78,7 +78,7 @@ from feeds.dbn import dbn_files
 from feeds.features import FEATURE_NAMES
 from storage import CheckpointStore, Instruments, LearnedFloors, ModelRegistry, open_database
 from storage.errors import StorageError
-from storage.records import InstrumentInfo
+from storage.values import InstrumentInfo
 
 __all__ = ["Curves", "FoldSummary", "RunResult", "TrainRequest", "TrainSummary", "run_training"]
 

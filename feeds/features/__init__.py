@@ -16,7 +16,7 @@ Modules, by concern:
 * :mod:`~feeds.features.statistics`: the statistics, the book-at-close reduction and the OFI rule;
 * :mod:`~feeds.features.frame`: :class:`BarFrame`, built from statistics by
   :func:`~feeds.features.frame.bar_frames`;
-* :mod:`~feeds.features.kernel` and :mod:`~feeds.features.vectorised`: the vectorised path
+* :mod:`~feeds.features.group_statistics` and :mod:`~feeds.features.vectorised`: the vectorised path
   (replay, training), :func:`compute_bars` / :func:`compute_all` over arrays and
   :class:`FeatureStream` / :func:`compute_file` over chunks;
 * :mod:`~feeds.features.incremental`: the live path, :class:`IncrementalBars` (one instrument,
@@ -26,7 +26,7 @@ Modules, by concern:
 :data:`~feeds.features.definitions.FEATURES` (its names, the statistics it needs, its array
 function); both paths use it as it is. A feature that needs a statistic the bars do not keep
 yet also needs that statistic: a field of ``BarStatistics``, computed over arrays in
-:func:`feeds.features.kernel.bar_statistics` and record by record in ``IncrementalBars`` (its
+:func:`feeds.features.group_statistics.bar_statistics` and record by record in ``IncrementalBars`` (its
 per-record update and its place in the closed-bar row, ``_ROW_PARTS``).
 
 Integers are exact and the features come from the same array code on both paths, so they are

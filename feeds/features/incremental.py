@@ -126,7 +126,7 @@ class IncrementalBars:
     It lives with the features, not in :mod:`feeds.bars`: when bars close is
     :class:`feeds.bars.BarClock`'s rule, which this drives; what it keeps is the open bar's
     sufficient statistics and the health state of the feed, the live form of the vectorised
-    kernel's state (:class:`feeds.features.kernel.Carry`), and what it returns is features
+    path's carry (:class:`feeds.features.group_statistics.Carry`), and what it returns is features
     (:mod:`feeds.bars`, which both paths import, stays free of them).
 
     ``push`` takes the 368 raw bytes of one MBP-10 record (what a NATS message carries; from an

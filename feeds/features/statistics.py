@@ -51,7 +51,7 @@ class BarStatistics:
 
     Every field is int64 ``(n,)`` unless said otherwise. A feature names the fields it reads
     (:attr:`feeds.features.definitions.Feature.needs`); a new statistic is a new field here,
-    computed by both paths (:func:`feeds.features.kernel.bar_statistics` over arrays,
+    computed by both paths (:func:`feeds.features.group_statistics.bar_statistics` over arrays,
     :class:`feeds.features.incremental.IncrementalBars` record by record).
     """
 

@@ -1,7 +1,7 @@
 """The vectorised path (replay, training): bars and features of whole arrays of records.
 
 :func:`compute_bars` / :func:`compute_all` evaluate the statistics of a group of whole bars of
-about :data:`_GROUP_RECORDS` records at a time with :func:`feeds.features.kernel.bar_statistics`
+about :data:`_GROUP_RECORDS` records at a time with :func:`feeds.features.group_statistics.bar_statistics`
 (a small carry links the groups) and turn them into features with
 :func:`feeds.features.frame.bar_frames`; :class:`FeatureStream` and :func:`compute_file` do
 the same over records that arrive in chunks (a file read in bounded memory), holding the open
@@ -22,7 +22,7 @@ from feeds.config import BarConfig, HealthConfig, InstrumentSpec
 from feeds.dbn.framing import mbp10_header_ok
 from feeds.dbn.reader import iter_mbp10
 from feeds.features.frame import BarFrame, bar_frames
-from feeds.features.kernel import RECORD_WORDS, Carry, bar_statistics
+from feeds.features.group_statistics import RECORD_WORDS, Carry, bar_statistics
 from feeds.features.statistics import check_records, stale_interval_ns
 from feeds.health import HealthMonitor
 from feeds.records import MBP10_DTYPE
@@ -40,8 +40,8 @@ _NO_ID = -1
 """The instrument id :class:`FeatureStream` gives a record that is not MBP-10 (real ids are
 uint32)."""
 _GROUP_RECORDS = 1 << 13
-"""The vectorised path runs the kernel over groups of whole bars of about this many records
-(~3 MB): each group's records are gathered from the chunk just before the kernel reads them,
+"""The vectorised path runs :func:`bar_statistics` over groups of whole bars of about this many
+records (~3 MB): each group's records are gathered from the chunk just before it reads them,
 so they are still in cache (gathering a whole chunk first made every later strided read a
 miss); small temporaries are reused, and the carry makes the grouping invisible."""
 FILE_CHUNK_RECORDS = 1 << 16
@@ -49,8 +49,8 @@ FILE_CHUNK_RECORDS = 1 << 16
 
 
 class _InstrumentStream:
-    """The vectorised path for one instrument over records that arrive in chunks: the kernel's
-    carry, and the records of the open bar (held back until a later chunk closes it)."""
+    """The vectorised path for one instrument over records that arrive in chunks: the carry of
+    :func:`bar_statistics`, and the records of the open bar (held back until a later chunk closes it)."""
 
     def __init__(
         self, spec: InstrumentSpec, bars: BarConfig, health: HealthConfig, monitor: HealthMonitor
@@ -168,7 +168,7 @@ class FeatureStream:
     def push(self, records: np.ndarray) -> None:
         """Add the next chunk (1-D :data:`MBP10_DTYPE`, any instruments, arrival order)."""
         check_records(records)
-        chunk = np.ascontiguousarray(records)  # the kernel views records as int64 words
+        chunk = np.ascontiguousarray(records)  # bar_statistics views records as int64 words
         ids = chunk["instrument_id"].astype(np.int64)  # read once, then contiguous
         ids[~mbp10_header_ok(chunk)] = _NO_ID
         valid = np.zeros(chunk.shape[0], bool)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from storage.models import Base
+from storage.tables import Base
 
 
 def _run(connection: Connection) -> None:

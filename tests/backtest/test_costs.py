@@ -11,8 +11,8 @@ import msgspec
 import numpy as np
 import pytest
 
+from agent.backtest.api import BacktestRequest, run_backtest
 from agent.backtest.fast import load_bars, regime_path, run_fast
-from agent.backtest.run import BacktestRequest, run_backtest
 from agent.config import Config, ConfigError, load_config
 from agent.execution.fills import execution_rows
 from agent.model.checkpoint import checkpoint_from_bytes

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.backtest.run import BacktestRequest, run_backtest
+from agent.backtest.api import BacktestRequest, run_backtest
 from feeds.dbn import read_mbp10, write_mbp10
 from tests.backtest.conftest import backtest_config
 from tests.backtest.test_parity import _Quiet

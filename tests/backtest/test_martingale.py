@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.backtest.run import BacktestRequest, run_backtest
+from agent.backtest.api import BacktestRequest, run_backtest
 from tests.backtest.conftest import backtest_config, synth_days
 from tests.backtest.test_parity import _Quiet
 

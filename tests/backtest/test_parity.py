@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.backtest.run import BacktestRequest, BacktestResult, run_backtest
+from agent.backtest.api import BacktestRequest, BacktestResult, run_backtest
 from tests.backtest.conftest import backtest_config
 
 

@@ -11,9 +11,9 @@ import msgspec
 import numpy as np
 import pytest
 
+from agent.backtest.api import BacktestRequest, run_backtest
 from agent.backtest.errors import BacktestError
 from agent.backtest.inputs import parse_bound
-from agent.backtest.run import BacktestRequest, run_backtest
 from agent.cli import main
 from tests.backtest.conftest import backtest_config
 from tests.backtest.test_parity import _Quiet

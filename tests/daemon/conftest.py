@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from agent.bench.scratch_db import scratch_database
 from storage import open_database
 from storage.config import StorageConfig
 from storage.errors import DatabaseUnavailable
 from storage.schema import upgrade
-from storage.scratch import scratch_database
 from tests.conftest import PG_URL, skip_or_fail
 
 

@@ -22,7 +22,7 @@ from agent.model.config import ModelConfig
 from feeds.config import InstrumentSpec, SynthConfig
 from feeds.synth import write_synthetic
 from storage import CheckpointStore, ModelRegistry, open_database
-from storage.records import instrument_set_key
+from storage.values import instrument_set_key
 
 __all__ = [
     "INSTRUMENTS",

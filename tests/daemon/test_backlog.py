@@ -24,7 +24,7 @@ import pytest
 
 from agent.daemon.backlog import Backlog, Entry, OrderRows, SpillError, read_spill
 from agent.execution.protocol import Ack, Cancelled, Fill
-from storage.records import NewOrder as LedgerOrder
+from storage.values import LedgerOrder
 
 DATABASE = "sqlite:////var/lib/tradeagent/tradeagent.db"
 
@@ -38,7 +38,7 @@ def _entries(n: int) -> list[Entry]:
             client_order_id=oid, instrument_id=1001, side="buy", qty=2, ts_ns=k, account="paper"
         )
         out += [
-            OrderRows(rows=(row,), queued_ns=k),
+            OrderRows(rows=(row,)),
             Ack(seq=3 * k + 1, client_order_id=oid, ts_ns=k),
             Fill(
                 seq=3 * k + 2,

@@ -35,14 +35,20 @@ from agent.config import Config
 from agent.control.client import ControlClient
 from agent.control.endpoints import control_endpoint, telemetry_endpoint
 from agent.control.errors import ControlRefused
-from agent.daemon.app import _INTAKE_BATCHES, Daemon
+from agent.daemon.app import Daemon
+from agent.daemon.events import Events
+from agent.daemon.intake import INTAKE_BATCHES, DecisionQueue, Intake
+from agent.daemon.lifecycle import State
+from agent.daemon.metrics import DaemonMetrics
+from agent.execution.protocol import Report
 from agent.execution.venues import PaperVenue
 from agent.gpu.errors import InferenceError
+from agent.trading.risk import Halts
 from feeds.dbn import read_mbp10, write_mbp10
 from feeds.features import BarFrame, IncrementalFeatures
 from feeds.sources import HealthEvent, HealthKind, QueuedSource, RecordBatch, SourceEvent, subject_for
 from storage import CheckpointStore, Journal, Ledger, open_database
-from storage.records import OrderRecord
+from storage.values import OrderRecord
 from tests.daemon.support import (
     INSTRUMENTS,
     config_text,
@@ -61,7 +67,7 @@ async def running(config: Config) -> AsyncIterator[Daemon]:
     daemon = Daemon(config)
     task = asyncio.create_task(daemon.run())
     try:
-        await wait_for(lambda: daemon.state == "running" or task.done(), 60)
+        await wait_for(lambda: daemon.state is State.RUNNING or task.done(), 60)
         if task.done():
             task.result()
         yield daemon
@@ -74,6 +80,24 @@ async def wait_for(predicate: Callable[[], Any], timeout: float = 30.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.02)
+
+
+def quiet(daemon: Daemon) -> bool:
+    """No open order and no ledger write waiting: every report is committed and counted."""
+    status = daemon.status()
+    return status.open_orders == 0 and status.ledger_backlog["pending"] == 0
+
+
+async def no_change(read: Callable[[], Any], seconds: float) -> Any:
+    """What ``read()`` gives, after checking that it stays the same for ``seconds`` (an
+    observation window: something that must not happen, does not)."""
+    first = read()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        assert read() == first
+        await asyncio.sleep(0.02)
+    return first
 
 
 def _replay(feed: Path, pace: float) -> str:
@@ -147,12 +171,10 @@ async def test_corrupt_bytes_crossed_book_and_stale_feed_block_only_that_instrum
         assert await asyncio.to_thread(relay.wait, 60) == 0
         await wait_for(lambda: daemon.counts["rejected_messages"] >= 2)
         # The feed ends: within stale_after_s of feed time both books go stale.
-        await wait_for(lambda: not any(daemon.healthy.values()), 20)
+        await wait_for(lambda: not any(daemon.status().healthy.values()), 20)
         await wait_for(lambda: daemon.counts["feed_stale"] >= 1, 20)
-        orders_at_stale = daemon.counts["orders"]
-        await asyncio.sleep(1.0)
-        assert daemon.counts["orders"] == orders_at_stale
-        assert daemon.state == "running"
+        await no_change(lambda: daemon.counts["orders"], 1.0)
+        assert daemon.state is State.RUNNING
     orders = _orders(config)
     during = [o for o in orders if lo <= o.ts_created_ns < hi]
     assert [o for o in during if o.instrument_id == ES] == []
@@ -170,16 +192,14 @@ async def test_database_outage_halts_new_orders_and_loses_nothing(tmp_path: Path
         lock = sqlite3.connect(Path(config.data_dir) / "tradeagent.db", timeout=5.0)
         lock.execute("BEGIN EXCLUSIVE")
         try:
-            await wait_for(lambda: "database" in daemon.halts.active, 30)
-            orders = daemon.counts["orders"]
-            await asyncio.sleep(1.0)
-            assert daemon.counts["orders"] == orders  # no new order while halted
+            await wait_for(lambda: "database" in daemon.halts, 30)
+            orders = await no_change(lambda: daemon.counts["orders"], 1.0)  # no new order while halted
         finally:
             lock.rollback()
             lock.close()
-        await wait_for(lambda: "database" not in daemon.halts.active, 30)
+        await wait_for(lambda: "database" not in daemon.halts, 30)
         await wait_for(lambda: daemon.counts["orders"] > orders, 30)
-        await wait_for(lambda: not daemon.orders.open_orders() and not daemon._writes, 30)
+        await wait_for(lambda: quiet(daemon), 30)
     # Counted after the stop (trading goes on until then; the stop persists what is queued).
     assert _count_fills(config) == daemon.counts["fills"]
     # Paper orders leave before their rows are committed: those sent while the database was
@@ -205,7 +225,7 @@ async def test_promotion_swaps_between_decisions_and_bad_checkpoints_are_refused
     client = ControlClient(control_endpoint(config.control, config.data_dir), timeout_s=10.0)
     try:
         async with running(config) as daemon:
-            first = daemon.status()["model"]
+            first = daemon.status().model
             sub.connect(telemetry_endpoint(config.control, config.data_dir))
             listener = asyncio.create_task(listen())
             await wait_for(lambda: len(seen) >= 5, 30)
@@ -229,7 +249,7 @@ async def test_promotion_swaps_between_decisions_and_bad_checkpoints_are_refused
             fourth = install_model(config, blob4, fp4, promote=False)
             with pytest.raises(ControlRefused, match="still serving"):
                 await asyncio.to_thread(client.request, "promote", sha256=fourth)
-            assert daemon.status()["model"] == second
+            assert daemon.status().model == second
             n_after = len(seen)
             await wait_for(lambda: len(seen) >= n_after + 3, 30)
             listener.cancel()
@@ -260,7 +280,7 @@ async def test_inference_failure_halts_new_orders_and_keeps_state(
     caplog.set_level(logging.WARNING, logger="agent.daemon")
     async with running(config) as daemon:
         await wait_for(lambda: daemon.counts["fills"] >= 2, 30)
-        engine = daemon._models.engine if daemon._models is not None else None
+        engine = daemon.engine
         assert engine is not None
 
         def broken(*args: Any, **kwargs: Any) -> Any:
@@ -269,20 +289,21 @@ async def test_inference_failure_halts_new_orders_and_keeps_state(
         engine.decide = broken  # type: ignore[method-assign]
         await wait_for(lambda: daemon.counts["inference_failures"] >= 1, 30)
         if fallback:  # the failure is counted first; the CPU engine is built on a worker thread
-            await wait_for(lambda: daemon._models is not None and daemon._models.engine is not engine, 30)
-        await wait_for(lambda: not daemon.orders.open_orders() and not daemon._writes, 30)
-        positions = daemon.portfolio.positions()
+            await wait_for(lambda: daemon.engine is not engine, 30)
+        await wait_for(lambda: quiet(daemon), 30)
+        positions = daemon.positions
         orders = daemon.counts["orders"]
         if fallback:
-            assert "inference" not in daemon.halts.active
+            assert "inference" not in daemon.halts
             await wait_for(lambda: daemon.counts["orders"] > orders, 30)
             assert any("fell back to the CPU" in r.getMessage() for r in caplog.records)
         else:
-            assert "inference" in daemon.halts.active
-            await asyncio.sleep(1.0)
-            assert daemon.counts["orders"] == orders
-            assert daemon.portfolio.positions() == positions
-            assert daemon.state == "running"
+            assert "inference" in daemon.halts
+            assert await no_change(lambda: (daemon.counts["orders"], daemon.positions), 1.0) == (
+                orders,
+                positions,
+            )
+            assert daemon.state is State.RUNNING
             assert not any("fell back" in r.getMessage() for r in caplog.records)
     assert _count_fills(config) == daemon.counts["fills"]
 
@@ -293,17 +314,23 @@ async def test_flatten_and_a_persisted_operator_halt(tmp_path: Path) -> None:
     config = _setup(tmp_path, _replay(feed, pace=20.0))
     client = ControlClient(control_endpoint(config.control, config.data_dir), timeout_s=10.0)
     async with running(config) as daemon:
-        await wait_for(lambda: any(daemon.portfolio.positions().values()), 30)
+        await wait_for(lambda: any(daemon.positions.values()), 30)
         reply = await asyncio.to_thread(client.request, "flatten")
         assert reply["flattening"] is True
-        await wait_for(lambda: not any(daemon.portfolio.positions().values()) and not daemon._flattening, 30)
-        orders = daemon.counts["orders"]
-        await asyncio.sleep(1.0)
-        assert daemon.counts["orders"] == orders and "operator" in daemon.halts.active
-        await wait_for(lambda: not daemon._background, 10)  # the halt event is journaled
+        await wait_for(lambda: not any(daemon.positions.values()) and not daemon.status().flattening, 30)
+        await no_change(lambda: daemon.counts["orders"], 1.0)
+        assert "operator" in daemon.halts
+        database = open_database(config.storage, config.data_dir)
+        try:  # the halt event is journaled (in the background)
+            journal = Journal(database)
+            await wait_for(
+                lambda: any(e.details.get("kind") == "operator" for e in journal.events(kind="halt")), 10
+            )
+        finally:
+            database.close()
     # The operator halt survives a restart until `ctl resume`.
     async with running(config) as daemon:
-        assert "operator" in daemon.halts.active
+        assert "operator" in daemon.halts
         reply = await asyncio.to_thread(client.request, "resume")
         assert reply["cleared"] == ["operator"] and reply["halts"] == {}
 
@@ -314,28 +341,29 @@ async def test_nightly_retrain_promotion_is_swapped_in_and_a_failed_one_changes_
     feed = tmp_path / "synth"
     synth_feed(feed)
     config = _setup(tmp_path, _replay(feed, pace=20.0))
-    retrain = tmp_path / "retrain.py"
+    retrain, outcome = tmp_path / "retrain.py", tmp_path / "outcome"
     retrain.write_text(
-        "import sys\n"
+        "import pathlib, sys\n"
         "from agent.config import load_config\n"
         "from tests.daemon.support import install_model, model_checkpoint\n"
-        "if sys.argv[1] == 'fail':\n"
+        "if pathlib.Path(sys.argv[1]).read_text() == 'fail':\n"
         "    sys.exit('gates failed')\n"
         f"config = load_config({str(tmp_path / 'daemon.toml')!r}, env={{}})\n"
         "install_model(config, *model_checkpoint(seed=5))\n",
         encoding="utf-8",
     )
+    command = (sys.executable, str(retrain), str(outcome))
+    config = msgspec.structs.replace(
+        config, schedule=msgspec.structs.replace(config.schedule, command=command)
+    )
     async with running(config) as daemon:
-        scheduler = daemon._scheduler
-        assert scheduler is not None
-        serving = daemon.status()["model"]
-        scheduler.command = [sys.executable, str(retrain), "fail"]
-        assert (await scheduler.trigger()).outcome == "failed"
-        await asyncio.sleep(0.5)
-        assert daemon.status()["model"] == serving and not daemon.halts
-        scheduler.command = [sys.executable, str(retrain), "promote"]
-        assert (await scheduler.trigger()).outcome == "ok"
-        await wait_for(lambda: daemon.status()["model"] != serving, 30)
+        serving = daemon.status().model
+        outcome.write_text("fail")
+        assert (await daemon.retrain()).outcome == "failed"
+        assert daemon.status().model == serving and not daemon.halts  # nothing to reload
+        outcome.write_text("promote")
+        assert (await daemon.retrain()).outcome == "ok"
+        await wait_for(lambda: daemon.status().model != serving, 30)
         assert daemon.counts["retrain_ok"] == 1 and daemon.counts["retrain_failed"] == 1
 
 
@@ -344,28 +372,38 @@ async def test_orderly_stop_cancels_a_resting_order(tmp_path: Path) -> None:
     synth_feed(feed)
     config = _setup(tmp_path, _replay(feed, pace=0.0))
     async with running(config) as daemon:
-        await wait_for(lambda: daemon.status()["feed"]["records"] > 1000 and not daemon._writes, 30)
-        await wait_for(lambda: not daemon.orders.open_orders(), 30)
-        book = daemon.features.by_id[ES].book()
-        assert book is not None and book.best_bid is not None
-        # A bid 40 ticks under the market: it rests (or is still on its way), and nothing but
-        # the orderly stop closes it.
-        order = daemon.orders.new(
-            ES,
-            "buy",
-            1,
-            ts_ns=daemon._feed_clock_ns,
-            order_type="limit",
-            limit_price=book.best_bid - 40 * 250_000_000,
-        )
-        daemon._place([order], [0])  # sent to the paper broker, its row queued behind it
-        await wait_for(lambda: not daemon._writes, 10)  # recorded in the ledger
+        await wait_for(lambda: daemon.status().feed["records"] > 1000 and quiet(daemon), 30)
+        # A bid 40 ticks under the lowest of the day: it rests (or is still on its way), and
+        # nothing but the orderly stop closes it.
+        order = daemon.send_order(ES, "buy", 1, limit_price=resting_bid(feed, ES))
+        await wait_for(lambda: daemon.status().ledger_backlog["pending"] == 0, 10)  # in the ledger
     database = open_database(config.storage, config.data_dir)
     try:
         record = Ledger(database).order(order.client_order_id)
     finally:
         database.close()
     assert (record.status, record.filled_qty) == ("cancelled", 0)
+
+
+def resting_bid(feed: Path, instrument_id: int) -> int:
+    """A limit price 40 ticks (of 0.25) under the lowest bid of ``instrument_id`` in ``feed``."""
+    records = read_mbp10(feed)
+    bids = records["bid_px_00"][records["instrument_id"] == instrument_id]
+    return int(bids.min()) - 40 * 250_000_000
+
+
+async def _never() -> None:
+    raise AssertionError("a live feed does not wait for the ledger")
+
+
+class _Counted(IncrementalFeatures):
+    """The features, counting the calls that push records through them."""
+
+    pushes = 0
+
+    def push_records(self, records: np.ndarray) -> list[BarFrame]:
+        self.pushes += 1
+        return super().push_records(records)
 
 
 class _Queued(QueuedSource):
@@ -409,20 +447,24 @@ async def test_live_feed_in_coalesced_runs_closes_the_same_bars_with_health_even
     events: list[SourceEvent] = [RecordBatch(c, 0) for c in chunks[:501]]
     events += [gap, *(RecordBatch(c, 0) for c in chunks[501:])]
 
-    daemon = Daemon(config)
-    daemon._venue = PaperVenue(config.broker, list(daemon.symbols), daemon._on_report)
-    pushes = 0
-    push = daemon.features.push_records
-
-    def counted(batch: np.ndarray) -> list[BarFrame]:
-        nonlocal pushes
-        pushes += 1
-        return push(batch)
-
-    daemon.features.push_records = counted  # type: ignore[method-assign]
-    queued = _Queued(events)
-    await queued.start()
-    await daemon._live_feed(queued)
+    features = _Counted(config.feeds.instruments, config.feeds.bars, config.feeds.health)
+    metrics = DaemonMetrics()
+    reports: list[Report] = []
+    queue = DecisionQueue(config.daemon.decision_queue, metrics)
+    intake = Intake(
+        source=_Queued(events),
+        features=features,
+        venue=PaperVenue(config.broker, [s.instrument_id for s in INSTRUMENTS], reports.append),
+        queue=queue,
+        metrics=metrics,
+        events=Events(Halts(), metrics),
+        replay=False,
+        venue_latency_ns=0,
+        settle=_never,
+    )
+    await intake.start()
+    await intake.fed()
+    await intake.stop()
 
     # The same records pushed one batch at a time, the gap reported at the same place.
     reference = IncrementalFeatures(config.feeds.instruments, config.feeds.bars, config.feeds.health)
@@ -435,12 +477,13 @@ async def test_live_feed_in_coalesced_runs_closes_the_same_bars_with_health_even
         if k == 500:
             for builder in reference.by_id.values():
                 builder.report_gap(gap.at_ns)
-    got = [c.frame for c in daemon._closes]
+    got = [c.frame for c in queue]
     # Runs of many batches, not one push per batch; a run ends with a batch that closes a bar
-    # (its bars wait for no later batch), before a health event, or after _INTAKE_BATCHES.
-    assert pushes <= closing + 1 + -(-len(chunks) // _INTAKE_BATCHES)
-    assert pushes < len(chunks) // 10
-    for iid in daemon.symbols:
+    # (its bars wait for no later batch), before a health event, or after INTAKE_BATCHES.
+    assert features.pushes <= closing + 1 + -(-len(chunks) // INTAKE_BATCHES)
+    assert features.pushes < len(chunks) // 10
+    assert metrics.counts()["feed_gap"] == 1 and metrics.counts()["feed_runs"] == features.pushes
+    for iid in (s.instrument_id for s in INSTRUMENTS):
         mine = BarFrame.concat([f for f in got if f.instrument_id == iid])
         theirs = BarFrame.concat([f for f in expected if f.instrument_id == iid])
         assert len(theirs) > 5 and not theirs.tradable.all()  # the gap made a bar not tradable

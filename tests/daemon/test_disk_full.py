@@ -54,7 +54,7 @@ from tests.daemon.support import (
     synth_feed,
     write_config,
 )
-from tests.daemon.test_daemon import running, wait_for
+from tests.daemon.test_daemon import resting_bid, running, wait_for
 from tests.daemon.test_session import _ledger_ids, _ledger_state, _relay, _relay_done, _settled, _stop
 from tests.support.nats_server import NatsServer
 from tests.support.sqlite_full import ENV, PageLimit, installed
@@ -76,7 +76,7 @@ async def _halts_during(daemon: Daemon, seconds: float) -> set[str]:
     seen: set[str] = set()
     end = asyncio.get_running_loop().time() + seconds
     while asyncio.get_running_loop().time() < end:
-        seen |= set(daemon.halts.active)
+        seen |= set(daemon.halts)
         await asyncio.sleep(0.02)
     return seen
 
@@ -102,40 +102,29 @@ async def test_disk_full_mid_session_halts_keeps_every_write_and_resumes_by_itse
                 relay = _relay(config_path, feed, pace=10.0)  # the 5-minute session in ~30 s
                 await wait_for(lambda: daemon.counts["fills"] >= 3, 60)
                 limit.fill(database)
-                await wait_for(lambda: "database" in daemon.halts.active, 30)
-                assert (
-                    f"disk full at {database} (database or disk is full)" in daemon.halts.active["database"]
-                )
+                await wait_for(lambda: "database" in daemon.halts, 30)
+                assert f"disk full at {database} (database or disk is full)" in daemon.halts["database"]
                 # An order on its way as the disk filled (sent through the daemon's own path, a
-                # limit 40 ticks away: it rests): its row and reports wait behind the refused one.
-                book = daemon.features.by_id[ES].book()
-                assert book is not None and book.best_bid is not None
-                order = daemon.orders.new(
-                    ES,
-                    "buy",
-                    1,
-                    ts_ns=daemon._feed_clock_ns,
-                    order_type="limit",
-                    limit_price=book.best_bid - 40 * 250_000_000,
-                )
-                daemon._place([order], [0])
-                await wait_for(lambda: daemon._writes.spilling, 10)
-                backlog = daemon.status()["ledger_backlog"]
+                # limit 40 ticks under the day's lowest bid: it rests): its row and reports wait
+                # behind the refused one.
+                order = daemon.send_order(ES, "buy", 1, limit_price=resting_bid(feed, ES))
+                await wait_for(lambda: daemon.status().ledger_backlog["spill_file"], 10)
+                backlog = daemon.status().ledger_backlog
                 assert backlog["spill_file"] == str(spill / "ledger-spill.jsonl") and backlog["pending"] >= 2
                 assert (spill / "ledger-spill.jsonl").exists()
-                orders, positions = daemon.counts["orders"], daemon.portfolio.positions()
+                orders, positions = daemon.counts["orders"], daemon.positions
                 # Watched past broker.ack_timeout_s: the answered orders wait for the ledger, the
                 # venue is not at fault; nothing trades and nothing counts.
                 seen = await _halts_during(
                     daemon, config.broker.ack_timeout_s + 4 * config.daemon.status_interval_s
                 )
                 assert seen == {"database"}
-                assert daemon.counts["orders"] == orders and daemon.portfolio.positions() == positions
+                assert daemon.counts["orders"] == orders and daemon.positions == positions
                 limit.free()
                 await wait_for(lambda: not daemon.halts, 30)  # no ctl resume: by itself
                 await wait_for(lambda: daemon.counts["orders"] > orders, 30)  # trading again
                 assert await asyncio.to_thread(relay.wait, 60) == 0
-                await wait_for(lambda: daemon.status()["feed"]["records"] == len(records), 60)
+                await wait_for(lambda: daemon.status().feed["records"] == len(records), 60)
             finally:
                 if relay is not None:
                     _stop(relay)
@@ -149,10 +138,8 @@ async def test_disk_full_mid_session_halts_keeps_every_write_and_resumes_by_itse
     assert order.client_order_id in orders_ids
     assert len(fill_ids) == len(set(fill_ids)) == counts["fills"]
     positions, realised, _, _ = _ledger_state(config)
-    assert {i: q for i, q in positions.items() if q} == {
-        i: q for i, q in daemon.portfolio.positions().items() if q
-    }
-    assert realised == pytest.approx(daemon.portfolio.realised(), abs=0.01)
+    assert {i: q for i, q in positions.items() if q} == {i: q for i, q in daemon.positions.items() if q}
+    assert realised == pytest.approx(daemon.realised_pnl, abs=0.01)
 
 
 def test_sigterm_while_the_disk_is_full_keeps_the_writes_and_the_next_start_persists_them(

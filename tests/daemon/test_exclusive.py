@@ -33,9 +33,10 @@ from sqlalchemy import update
 
 from agent.config import Config
 from agent.daemon.app import Daemon
+from agent.daemon.lifecycle import State
 from storage import Journal, Leases, open_database
 from storage.errors import NotFound
-from storage.models import DaemonLease
+from storage.tables import DaemonLeaseRow
 from tests.daemon.support import (
     INSTRUMENTS,
     DaemonProcess,
@@ -45,6 +46,7 @@ from tests.daemon.support import (
     synth_feed,
     write_config,
 )
+from tests.daemon.test_daemon import wait_for
 from tests.daemon.test_session import _ledger_ids, _ledger_state, _settled
 
 pytestmark = pytest.mark.slow
@@ -212,15 +214,13 @@ async def test_a_daemon_whose_lease_was_taken_over_stops_with_exit_code_1(
     )
     daemon = Daemon(config)
     task = asyncio.create_task(daemon.run())
-    async with asyncio.timeout(60):
-        while daemon.state != "running" and not task.done():
-            await asyncio.sleep(0.02)
+    await wait_for(lambda: daemon.state is State.RUNNING or task.done(), 60)
     assert not task.done(), task.result()
     database = open_database(config.storage, config.data_dir)
     try:  # what a daemon elsewhere does when this one's heartbeat went stale
         other = Journal(database).start_session(mode="paper", host="elsewhere", pid=4242, version="t")
         database.write(
-            lambda s: s.execute(update(DaemonLease).values(session_id=other, host="elsewhere", pid=4242)),
+            lambda s: s.execute(update(DaemonLeaseRow).values(session_id=other, host="elsewhere", pid=4242)),
             what="take the leases over",
         )
     finally:

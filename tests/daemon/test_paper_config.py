@@ -96,5 +96,5 @@ async def test_a_rejected_candidate_named_by_daemon_checkpoint_is_served(
     config = load_config(PAPER, env={**env, "TRADEAGENT__DAEMON__CHECKPOINT": sha})
     async with running(config) as daemon:
         status = daemon.status()
-        assert status["model"] == sha
-        assert "model" not in status["halts"]
+        assert status.model == sha
+        assert "model" not in status.halts

@@ -19,8 +19,8 @@ import zmq.asyncio
 from agent.config import ConfigError, load_config
 from agent.control.config import ControlConfig
 from agent.control.endpoints import ServerSockets
-from agent.daemon.app import closing_arrivals
 from agent.daemon.config import ScheduleConfig
+from agent.daemon.intake import closing_arrivals
 from agent.daemon.metrics import DaemonMetrics
 from agent.daemon.scheduler import RetrainResult, RetrainScheduler, default_command
 from agent.daemon.telemetry import Telemetry
@@ -28,6 +28,7 @@ from agent.trading.config import RiskConfig
 from agent.trading.risk import Halts, RiskLimits
 from feeds.features import BarFrame
 from feeds.records import MBP10_DTYPE
+from feeds.sources import HealthEvent, HealthKind
 
 DAY = 86_400 * 10**9
 
@@ -111,20 +112,46 @@ def test_default_retrain_command() -> None:
     assert cmd[1:] == ["-m", "agent.cli", "--config", "config/paper.toml", "train", "--promote"]
 
 
-def test_metrics_are_served_on_localhost() -> None:
+def test_one_count_feeds_the_status_and_prometheus_served_on_localhost() -> None:
     metrics = DaemonMetrics()
-    metrics.decision_latency.observe(0.0012)
-    metrics.orders.labels(instrument="ES", side="buy").inc()
+    metrics.order_sent("ES", "buy", 0.0012)
+    metrics.decision("ES", "long")
+    metrics.decision("NQ", "flat")
+    metrics.fill("ES", 2, position=2)
+    metrics.dropped("stale_decision")
+    metrics.feed_event(HealthEvent(HealthKind.REJECTED, 0, "junk", count=3))
+    metrics.feed_event(HealthEvent(HealthKind.GAP, 0, "gap"))
+    metrics.count("inference_failures")
+    metrics.include(lambda: {"throttled_orders": 4})
     metrics.set_model("ab" * 32)
     metrics.set_model("cd" * 32)
     metrics.serve("127.0.0.1", 0)
     try:
-        port = metrics._server.server_address[1]
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics", timeout=5).read().decode()
     finally:
         metrics.close()
-    assert 'tradeagent_orders_total{instrument="ES",side="buy"} 1.0' in body
-    assert "tradeagent_decision_latency_seconds_bucket" in body
+    assert metrics.counts() == {
+        "orders": 1,
+        "decisions": 2,
+        "fills": 1,
+        "stale_decisions": 1,
+        "rejected_messages": 3,
+        "feed_gap": 1,
+        "inference_failures": 1,
+        "throttled_orders": 4,
+    }
+    for line in (
+        'tradeagent_orders_total{instrument="ES",side="buy"} 1.0',
+        "tradeagent_decision_latency_seconds_count 1.0",
+        'tradeagent_decisions_total{action="long",instrument="ES"} 1.0',
+        'tradeagent_fills_total{instrument="ES"} 1.0',
+        'tradeagent_filled_contracts_total{instrument="ES"} 2.0',
+        'tradeagent_position_contracts{instrument="ES"} 2.0',
+        'tradeagent_drops_total{kind="stale_decision"} 1.0',
+        'tradeagent_rejections_total{kind="feed_bytes"} 3.0',
+        'tradeagent_feed_gaps_total{kind="gap"} 1.0',
+    ):
+        assert line in body, line
     assert f'sha256="{"cd" * 32}"' in body and f'sha256="{"ab" * 32}"' not in body
 
 

@@ -127,11 +127,10 @@ async def test_daemon_replay_and_event_backtest_trade_identically(
                 if task.done():
                     task.result()  # the daemon failed at start: its error
                 await ready
-                await daemon._tasks[0]  # the replay feed, to the end of the data
-                await daemon._writes_drained()  # every report committed and counted
-            assert daemon.status()["feed"]["records"] == total
-            assert not daemon.orders.open_orders()
-            daemon_halt = daemon.halts.active.get("risk", "")
+                await daemon.end_of_data()  # every record replayed, every report committed and counted
+            status = daemon.status()
+            assert status.feed["records"] == total and status.open_orders == 0
+            daemon_halt = status.halts.get("risk", "")
         finally:
             daemon.request_stop()
             assert await asyncio.wait_for(task, 60) == 0

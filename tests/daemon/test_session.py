@@ -24,8 +24,7 @@ import numpy as np
 import pytest
 
 from agent.config import Config
-from agent.execution.fills import Ledger as FillLedger
-from agent.execution.fills import apply_fills, to_currency
+from agent.execution.fills import PositionArrays, apply_fills, to_currency
 from storage import Journal, Ledger, open_database
 from tests.daemon.support import (
     INSTRUMENTS,
@@ -107,7 +106,7 @@ def _ledger_state(config: Config) -> tuple[dict[int, int], float, int, list[str]
     offline = 0.0
     for iid, spec in by_id.items():
         mine = [f for f in fills if f.instrument_id == iid]
-        book = FillLedger.flat(1)
+        book = PositionArrays.flat(1)
         for f in mine:
             qty = f.qty if f.side == "buy" else -f.qty
             book = apply_fills(book, np.array([float(qty)]), np.array([float(f.price)]))

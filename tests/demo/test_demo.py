@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from agent.bench.nats_server import NatsServerUnavailable, find_nats_server
 from agent.config import load_config
 from storage import ModelRegistry, open_database
 from tests.conftest import skip_or_fail
 from tests.daemon.support import install_model, model_checkpoint
+from tests.support.nats_server import NatsServerUnavailable, find_nats_server
 
 
 def _demo(out: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:

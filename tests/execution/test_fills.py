@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agent.execution.fills import (
-    Ledger,
+    PositionArrays,
     apply_fills,
     fees,
     position_change_cost_ticks,
@@ -81,8 +81,8 @@ def test_unit_order_at_the_top_costs_half_the_spread_plus_fees() -> None:
     )
 
 
-def test_ledger_open_add_reduce_flip_close() -> None:
-    led = Ledger.flat(1)
+def test_positions_open_add_reduce_flip_close() -> None:
+    led = PositionArrays.flat(1)
     led = apply_fills(led, np.array([2.0]), np.array([100.0]))
     led = apply_fills(led, np.array([1.0]), np.array([103.0]))  # avg (200 + 103) / 3 = 101
     assert led.position[0] == 3 and led.avg_price[0] == pytest.approx(101.0)
@@ -119,7 +119,7 @@ def test_step_pnl_matches_ledger_accounting_on_a_random_path() -> None:
         sell_cost_ticks=sell,
         fee_ticks=fee_ticks,
     )
-    led = Ledger.flat(1)
+    led = PositionArrays.flat(1)
     fee_total = 0.0
     for t in range(n):
         q = pos[t] - prev[t]

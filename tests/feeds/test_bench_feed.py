@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.bench.nats_server import NatsServerUnavailable, find_nats_server
 from tests.conftest import skip_or_fail
 from tests.support.bench import bench_json
+from tests.support.nats_server import NatsServerUnavailable, find_nats_server
 
 KEYS = {
     "records",

@@ -30,6 +30,7 @@ import cupy as cp
 import numpy as np
 
 from agent.daemon.app import Daemon
+from agent.daemon.lifecycle import State
 from storage import Ledger, open_database
 from tests.daemon.support import config_text, install_model, model_checkpoint, synth_feed, write_config
 
@@ -71,6 +72,12 @@ async def _wait(predicate: Any, timeout: float) -> None:
         await asyncio.sleep(0.02)
 
 
+def _quiet(daemon: Daemon) -> bool:
+    """No open order and no ledger write waiting."""
+    status = daemon.status()
+    return status.open_orders == 0 and status.ledger_backlog["pending"] == 0
+
+
 async def _session(root: Path, fault: str, fallback: bool, messages: _Messages) -> dict[str, Any]:
     feed = root / "synth"
     synth_feed(feed)
@@ -85,30 +92,30 @@ async def _session(root: Path, fault: str, fallback: bool, messages: _Messages) 
     task = asyncio.create_task(daemon.run())
     out: dict[str, Any] = {}
     try:
-        await _wait(lambda: daemon.state == "running" or task.done(), 120)
+        await _wait(lambda: daemon.state is State.RUNNING or task.done(), 120)
         if task.done():
             task.result()
         await _wait(lambda: daemon.counts["fills"] >= 2, 120)
-        models = daemon._models
-        assert models is not None and models.engine is not None
-        engine = models.engine
+        engine = daemon.engine
+        assert engine is not None
         out["backend_before"] = engine.backend.description
         graphs = engine._model.graphs  # type: ignore[attr-defined]
         for bucket in graphs:
             graphs[bucket] = _FaultyGraph(fault)
         await _wait(lambda: daemon.counts["inference_failures"] >= 1, 60)
         if fallback:
-            await _wait(lambda: models.engine is not engine, 60)
-        await _wait(lambda: not daemon.orders.open_orders() and not daemon._writes, 60)
-        orders, positions = daemon.counts["orders"], daemon.portfolio.positions()
-        await asyncio.sleep(1.5)
+            await _wait(lambda: daemon.engine is not engine, 60)
+        await _wait(lambda: _quiet(daemon), 60)
+        orders, positions = daemon.counts["orders"], daemon.positions
+        await asyncio.sleep(1.5)  # an observation window: orders_after tells what it saw
+        after = daemon.engine
         out.update(
             orders_at_failure=orders,
             orders_after=daemon.counts["orders"],
-            positions_kept=daemon.portfolio.positions() == positions,
-            halts=sorted(daemon.halts.active),
-            state=daemon.state,
-            backend_after=models.engine.backend.description if models.engine is not None else None,
+            positions_kept=daemon.positions == positions,
+            halts=sorted(daemon.halts),
+            state=str(daemon.state),
+            backend_after=after.backend.description if after is not None else None,
         )
     finally:
         daemon.request_stop()

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from agent.backtest.run import BacktestRequest, run_backtest
+from agent.backtest.api import BacktestRequest, run_backtest
 from agent.reports.backtest import write_backtest
 from tests.backtest.conftest import backtest_config, synth_days
 from tests.backtest.test_parity import _Quiet

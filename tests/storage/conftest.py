@@ -3,7 +3,7 @@
 SQLite is the embedded default (a fresh data directory per test). PostgreSQL is the server
 at ``TRADEAGENT_TEST_PG_URL`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``);
 each test gets its own database, created (as a copy of a migrated template made once per
-session) and dropped by :func:`storage.scratch.scratch_database`. Without a reachable server
+session) and dropped by :func:`agent.bench.scratch_db.scratch_database`. Without a reachable server
 the PostgreSQL cases skip locally and fail under ``CI=true``.
 """
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.bench.scratch_db import scratch_database
 from storage import Database, Instruments, StorageConfig, open_database
 from storage.errors import DatabaseUnavailable
-from storage.records import InstrumentInfo
 from storage.schema import upgrade
-from storage.scratch import scratch_database
+from storage.values import InstrumentInfo
 from tests.conftest import PG_URL, skip_or_fail
 
 ES = InstrumentInfo(instrument_id=1001, symbol="ES", tick_size=0.25, tick_value=12.5)

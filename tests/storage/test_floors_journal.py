@@ -6,7 +6,7 @@ import pytest
 
 from storage import Database, Instruments, Journal, LearnedFloors, ModelRegistry
 from storage.errors import InvalidRecord, NotFound
-from storage.records import InstrumentInfo
+from storage.values import InstrumentInfo
 
 
 def test_floor_updates_keep_history_and_provenance(db: Database) -> None:

@@ -13,8 +13,8 @@ from sqlalchemy import update
 from storage import Database, Instruments, Journal, Leases
 from storage.errors import LeaseHeld
 from storage.leases import Gone
-from storage.models import DaemonLease, utc_now
-from storage.records import LeasedSession, LeaseRecord
+from storage.tables import DaemonLeaseRow, utc_now
+from storage.values import LeasedSession, LeaseRecord
 from tests.storage.conftest import ES, NQ, Target
 
 IDS = [ES.instrument_id, NQ.instrument_id]
@@ -42,7 +42,7 @@ def _start(
 def _age(db: Database, seconds: float) -> None:
     """Move every heartbeat ``seconds`` into the past (as if the holder had stopped renewing)."""
     at = utc_now() - timedelta(seconds=seconds)
-    db.write(lambda s: s.execute(update(DaemonLease).values(heartbeat_at=at)), what="age the leases")
+    db.write(lambda s: s.execute(update(DaemonLeaseRow).values(heartbeat_at=at)), what="age the leases")
 
 
 def test_a_live_lease_refuses_another_session_and_names_its_holder(db: Database) -> None:

@@ -8,21 +8,21 @@ from sqlalchemy.orm import Session
 
 from storage import Database, Ledger, apply_fill
 from storage.errors import InvalidRecord, NotFound
-from storage.records import FillsResult, NewFill, NewOrder, PositionState
+from storage.values import FillsResult, LedgerFill, LedgerOrder, PositionState
 
 PX = 1_000_000_000  # one price unit in DBN fixed point
 
 
 def order(
     cid: str, side: str = "buy", qty: int = 2, instrument: int = 1001, account: str = "default"
-) -> NewOrder:
-    return NewOrder(
+) -> LedgerOrder:
+    return LedgerOrder(
         client_order_id=cid, instrument_id=instrument, side=side, qty=qty, ts_ns=1, account=account
     )  # type: ignore[arg-type]
 
 
-def fill(fid: str, cid: str, qty: int = 1, price: float = 5000.0, fee: float = 0.5) -> NewFill:
-    return NewFill(fill_id=fid, client_order_id=cid, qty=qty, price=round(price * PX), ts_ns=2, fee=fee)
+def fill(fid: str, cid: str, qty: int = 1, price: float = 5000.0, fee: float = 0.5) -> LedgerFill:
+    return LedgerFill(fill_id=fid, client_order_id=cid, qty=qty, price=round(price * PX), ts_ns=2, fee=fee)
 
 
 def test_orders_are_idempotent_and_a_reused_id_is_refused(db: Database) -> None:
@@ -40,16 +40,16 @@ def test_orders_are_idempotent_and_a_reused_id_is_refused(db: Database) -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=0, ts_ns=1),
-        NewOrder(client_order_id="", instrument_id=1001, side="buy", qty=1, ts_ns=1),
-        NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, order_type="limit"),
-        NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, limit_price=5),
-        NewOrder(client_order_id="x", instrument_id=9999, side="buy", qty=1, ts_ns=1),
-        NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1.5, ts_ns=1),  # type: ignore[arg-type]
-        NewOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, order_type="stop"),  # type: ignore[arg-type]
+        LedgerOrder(client_order_id="x", instrument_id=1001, side="buy", qty=0, ts_ns=1),
+        LedgerOrder(client_order_id="", instrument_id=1001, side="buy", qty=1, ts_ns=1),
+        LedgerOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, order_type="limit"),
+        LedgerOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, limit_price=5),
+        LedgerOrder(client_order_id="x", instrument_id=9999, side="buy", qty=1, ts_ns=1),
+        LedgerOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1.5, ts_ns=1),  # type: ignore[arg-type]
+        LedgerOrder(client_order_id="x", instrument_id=1001, side="buy", qty=1, ts_ns=1, order_type="stop"),  # type: ignore[arg-type]
     ],
 )
-def test_bad_orders_are_refused(db: Database, bad: NewOrder) -> None:
+def test_bad_orders_are_refused(db: Database, bad: LedgerOrder) -> None:
     with pytest.raises(InvalidRecord):
         Ledger(db).record_orders([bad])
 
@@ -77,12 +77,12 @@ def test_same_fill_twice_is_stored_once_and_counted_once(db: Database) -> None:
         ([fill("f1", "a", fee=math.nan)], "finite"),
         ([fill("f1", "a", qty=0)], "qty must be > 0"),
         ([fill("f1", "a"), fill("f1", "a", qty=2)], "twice in the batch"),
-        ([NewFill(fill_id="f1", client_order_id="a", qty=1, price=2**63 - 1, ts_ns=1)], "undefined price"),
-        ([NewFill(fill_id="f1", client_order_id="a", qty=1, price=5000.25, ts_ns=1)], "integers"),  # type: ignore[arg-type]
+        ([LedgerFill(fill_id="f1", client_order_id="a", qty=1, price=2**63 - 1, ts_ns=1)], "undefined price"),
+        ([LedgerFill(fill_id="f1", client_order_id="a", qty=1, price=5000.25, ts_ns=1)], "integers"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_fills_are_refused_and_nothing_is_stored(
-    db: Database, fills: list[NewFill], message: str
+    db: Database, fills: list[LedgerFill], message: str
 ) -> None:
     ledger = Ledger(db)
     ledger.record_orders([order("a", qty=2)])

@@ -15,8 +15,8 @@ from sqlalchemy.exc import OperationalError
 
 from storage import Database, Instruments, Ledger, StorageConfig, open_database
 from storage.errors import DatabaseUnavailable, DiskFull, FillsNotPersisted
-from storage.records import NewFill, NewOrder
 from storage.schema import upgrade
+from storage.values import LedgerFill, LedgerOrder
 from tests.conftest import skip_or_fail
 from tests.storage.conftest import ES
 from tests.storage.pg_cluster import ClusterUnavailable, PrivateCluster
@@ -25,9 +25,9 @@ from tests.support.sqlite_full import PageLimit, installed
 PX = 1_000_000_000
 
 
-def fills(prefix: str, n: int) -> list[NewFill]:
+def fills(prefix: str, n: int) -> list[LedgerFill]:
     return [
-        NewFill(fill_id=f"{prefix}{i}", client_order_id=f"o{prefix}{i}", qty=1, price=5000 * PX, ts_ns=i)
+        LedgerFill(fill_id=f"{prefix}{i}", client_order_id=f"o{prefix}{i}", qty=1, price=5000 * PX, ts_ns=i)
         for i in range(n)
     ]
 
@@ -37,7 +37,7 @@ def prepare(db: Database, prefixes: str) -> Ledger:
     ledger = Ledger(db)
     ledger.record_orders(
         [
-            NewOrder(client_order_id=f"o{p}{i}", instrument_id=1001, side="buy", qty=1, ts_ns=i)
+            LedgerOrder(client_order_id=f"o{p}{i}", instrument_id=1001, side="buy", qty=1, ts_ns=i)
             for p in prefixes
             for i in range(10)
         ]
@@ -111,7 +111,7 @@ def test_sqlite_disk_full_is_raised_at_once_and_the_same_writes_succeed_once_spa
             limit.fill(tmp_path / "tradeagent.db")
             batches = (
                 [
-                    NewOrder(client_order_id=f"x{k}-{i}", instrument_id=1001, side="buy", qty=1, ts_ns=i)
+                    LedgerOrder(client_order_id=f"x{k}-{i}", instrument_id=1001, side="buy", qty=1, ts_ns=i)
                     for i in range(50)
                 ]
                 for k in range(1000)

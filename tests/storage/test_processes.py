@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from storage import Instruments, Journal, LearnedFloors, Ledger, ModelRegistry
-from storage.models import Fill, Fold, GateEvent, LearnedFloorChange, Order, TrainRun
+from storage.tables import FillRow, FoldRow, GateEventRow, LearnedFloorChangeRow, OrderRow, TrainRunRow
 from tests.storage.conftest import ES, NQ, Target
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -47,8 +47,8 @@ def test_daemon_and_retrain_processes_write_at_once(target: Target, tmp_path: Pa
         def distinct(column: object) -> int:
             return int(db.read(lambda s: s.scalar(select(func.count(func.distinct(column)))), what="count"))
 
-        assert count(Order) == orders and count(Fill) == orders
-        assert distinct(Fill.fill_id) == orders
+        assert count(OrderRow) == orders and count(FillRow) == orders
+        assert distinct(FillRow.fill_id) == orders
         ledger = Ledger(db)
         assert ledger.open_orders() == []
         assert all(o.filled_qty == 1 for o in (ledger.order(f"o{i}") for i in range(0, orders, 37)))
@@ -58,8 +58,8 @@ def test_daemon_and_retrain_processes_write_at_once(target: Target, tmp_path: Pa
         net = sum(1 if i % 3 else -1 for i in range(orders))
         assert sum(p.qty for p in positions.values()) == net
 
-        assert count(TrainRun) == runs and count(Fold) == 3 * runs and count(GateEvent) == 2 * runs
-        assert count(LearnedFloorChange) == 2 * runs
+        assert count(TrainRunRow) == runs and count(FoldRow) == 3 * runs and count(GateEventRow) == 2 * runs
+        assert count(LearnedFloorChangeRow) == 2 * runs
         assert LearnedFloors(db).get(1001, "vol_ref").value == 1e-8 * runs  # type: ignore[union-attr]
         registry = ModelRegistry(db)
         assert len(registry.checkpoints()) == runs

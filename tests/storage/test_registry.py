@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from storage import Database, Journal, ModelRegistry
 from storage.errors import InvalidRecord, InvalidTransition, NotFound, PromotionConflict, StorageError
-from storage.records import CheckpointRecord
+from storage.values import CheckpointRecord
 
 SET = "ES,NQ"
 

@@ -17,6 +17,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 import storage
+from agent.bench.scratch_db import scratch_database
 from agent.cli import main
 from storage import Instruments, StorageConfig, open_database
 from storage.errors import (
@@ -26,10 +27,9 @@ from storage.errors import (
     InvalidRecord,
     SchemaBehindHead,
 )
-from storage.models import Base
-from storage.records import InstrumentInfo, instrument_set_key
 from storage.schema import _alembic_config, current_revision, head_revision, history, upgrade
-from storage.scratch import scratch_database
+from storage.tables import Base
+from storage.values import InstrumentInfo, instrument_set_key
 from tests.conftest import skip_or_fail
 from tests.storage.conftest import PG_URL, Target
 

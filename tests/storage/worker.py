@@ -23,15 +23,15 @@ import time
 from pathlib import Path
 
 from storage import Journal, LearnedFloors, Ledger, ModelRegistry, StorageConfig, open_database
-from storage.records import NewFill, NewOrder
+from storage.values import LedgerFill, LedgerOrder
 
 BATCH = 20
 PX = 1_000_000_000
 
 
-def _orders(prefix: str, start: int, count: int) -> list[NewOrder]:
+def _orders(prefix: str, start: int, count: int) -> list[LedgerOrder]:
     return [
-        NewOrder(
+        LedgerOrder(
             client_order_id=f"{prefix}{i}",
             instrument_id=1001 + i % 2,
             side="buy" if i % 3 else "sell",
@@ -42,9 +42,9 @@ def _orders(prefix: str, start: int, count: int) -> list[NewOrder]:
     ]
 
 
-def _fills(prefix: str, start: int, count: int) -> list[NewFill]:
+def _fills(prefix: str, start: int, count: int) -> list[LedgerFill]:
     return [
-        NewFill(
+        LedgerFill(
             fill_id=f"F{prefix}{i}", client_order_id=f"{prefix}{i}", qty=1, price=(5000 + i % 7) * PX, ts_ns=i
         )
         for i in range(start, start + count)
@@ -55,7 +55,7 @@ def daemon(database_args: tuple[StorageConfig, str], n: int) -> dict[str, int]:
     with open_database(*database_args) as db:
         ledger, journal = Ledger(db), Journal(db)
         session = journal.start_session(mode="paper", host="test", pid=0, version="test")
-        previous: list[NewFill] = []
+        previous: list[LedgerFill] = []
         for start in range(0, n, BATCH):
             count = min(BATCH, n - start)
             ledger.record_orders(_orders("o", start, count))

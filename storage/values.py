@@ -1,9 +1,11 @@
 """Value types that cross the storage boundary (frozen msgspec Structs, never ORM objects).
 
-Inputs (``NewOrder``, ``NewFill``, ``InstrumentInfo``) are built by the caller; outputs
-(``*Record``, ``PositionState``...) are snapshots read in one transaction. Units follow
-``storage.models``: ``*_ns`` integer ns since the epoch, prices integer 1e-9 fixed point,
-quantities whole contracts.
+Inputs (``LedgerOrder``, ``LedgerFill``, ``InstrumentInfo``) are built by the caller; outputs
+(``*Record``, ``PositionState``...) are snapshots read in one transaction. The ORM classes behind
+them are the ``*Row`` classes of :mod:`storage.tables`, which never leave ``storage``; the wire
+messages of the same orders and fills are :mod:`agent.execution.protocol`'s ``NewOrder`` and
+``Fill``. Units follow ``storage.tables``: ``*_ns`` integer ns since the epoch, prices integer
+1e-9 fixed point, quantities whole contracts.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ __all__ = [
     "InstrumentInfo",
     "LeaseRecord",
     "LeasedSession",
+    "LedgerFill",
+    "LedgerOrder",
     "LedgerState",
-    "NewFill",
-    "NewOrder",
     "OrderRecord",
     "OrderStatus",
     "PositionState",
@@ -70,8 +72,8 @@ class InstrumentInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Currency value of one tick for one contract."""
 
 
-class NewOrder(msgspec.Struct, frozen=True, kw_only=True):
-    """An order about to be sent. ``client_order_id`` is unique forever (idempotency key)."""
+class LedgerOrder(msgspec.Struct, frozen=True, kw_only=True):
+    """An order to record before it is sent. ``client_order_id`` is unique forever (idempotency key)."""
 
     client_order_id: str
     instrument_id: int
@@ -102,8 +104,8 @@ class OrderRecord(msgspec.Struct, frozen=True, kw_only=True):
     reason: str | None
 
 
-class NewFill(msgspec.Struct, frozen=True, kw_only=True):
-    """An execution report. ``fill_id`` is unique forever: recording it twice stores it once.
+class LedgerFill(msgspec.Struct, frozen=True, kw_only=True):
+    """An execution to record. ``fill_id`` is unique forever: recording it twice stores it once.
 
     Instrument, side and account are those of the order ``client_order_id`` (recorded first).
     """

@@ -1,4 +1,4 @@
-"""The vectorised path's kernel: the statistics of a group of whole bars, from their records.
+"""The vectorised path's core: the statistics of a group of whole bars, from their records.
 
 :func:`bar_statistics` reduces the records of consecutive closed bars of one instrument to their
 :class:`~feeds.features.statistics.BarStatistics` with array code, and hands a small
@@ -21,7 +21,7 @@ from feeds.records import ACTION_TRADE, LEVELS, MBP10_CODES, MBP10_DTYPE, SIDE_A
 __all__ = ["RECORD_WORDS", "Carry", "bar_statistics"]
 
 RECORD_WORDS = MBP10_DTYPE.itemsize // 8
-"""An MBP-10 record as int64 words (the kernel reads records through this view)."""
+"""An MBP-10 record as int64 words (:func:`bar_statistics` reads records through this view)."""
 _LEVEL_WORD = MBP10_DTYPE.fields["bid_px_00"][1] // 8  # type: ignore[index]
 _BID_PX = _LEVEL_WORD + 4 * np.arange(LEVELS)  # word of level k's bid price
 _ASK_PX = _BID_PX + 1
@@ -32,7 +32,7 @@ _TRADE, _BID, _ASK = ord(ACTION_TRADE), ord(SIDE_BID), ord(SIDE_ASK)
 
 @dataclasses.dataclass(slots=True)
 class Carry:
-    """State the kernel hands from one group of bars to the next (all from records before the
+    """State :func:`bar_statistics` hands from one group of bars to the next (all from records before the
     group): what :class:`feeds.features.incremental.IncrementalBars` keeps in its own fields."""
 
     prev: PrevTop | None = None  # health rules

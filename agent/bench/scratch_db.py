@@ -1,4 +1,6 @@
-"""Throwaway PostgreSQL databases (benchmarks and the test suite).
+"""Throwaway PostgreSQL databases: ``tradeagent bench db --postgres-url`` measures in one, and the
+test suite gives each PostgreSQL test its own (the one implementation; it is no part of
+``storage``, which the daemon uses).
 
 ``scratch_database(admin_url)`` creates a uniquely named database on the server of
 ``admin_url``, yields its URL, and drops it afterwards (``WITH (FORCE)``: connections left

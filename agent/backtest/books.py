@@ -2,7 +2,7 @@
 decision record and the P&L books.
 
 * :class:`DecisionLog`: every decision row (time, action, target, Kelly size, regime scale, ...);
-* :func:`bar_pnl`: per-bar P&L of a fill list marked at the bar-close mids (the ledger maths of
+* :func:`bar_pnl`: per-bar P&L of a fill list marked at the bar-close mids (the accounting maths of
   :mod:`agent.execution.fills`), which both drivers report from.
 
 Units: prices are 1e-9 fixed point (as in DBN) held in float64; P&L and costs are in account

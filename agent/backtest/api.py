@@ -1,13 +1,15 @@
-"""``run_backtest``: resolve the inputs, run a driver and the baselines, and book the results.
+"""The backtest's entry point, ``run_backtest``: resolve the inputs, run a driver and the
+baselines, and book the results (what ``tradeagent backtest``, the demo and the trainer's fold
+evaluation call).
 
-Both modes report from the same books (:func:`agent.backtest.kernel.bar_pnl` over the fills,
+Both modes report from the same books (:func:`agent.backtest.books.bar_pnl` over the fills,
 marked at the bar-close mids) and the trainer's metrics (:func:`agent.train.metrics.performance`:
 Sharpe annualised for the real bar cadence, Sortino, drawdown, turnover, hit rate, costs). The
 baselines (flat, random, always long) run through the vectorised driver on the same bars with the
 same costs, one span per instrument over the whole window: always long enters once and holds, as
 the daemon would hold it (a span per chunk would close and reopen it at every chunk edge and
 charge the baseline a round trip each time). Nothing is written here:
-:mod:`agent.backtest.output` writes the files.
+:func:`agent.reports.backtest.write_backtest` writes the files.
 
 The vectorised driver does not simulate the order-rate limit or the loss and drawdown halt
 (:mod:`agent.backtest.fast`): a ``--fast`` run is replayed through them afterwards and refused
@@ -30,6 +32,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from agent.backtest.books import BarPnl, bar_pnl
 from agent.backtest.errors import BacktestError
 from agent.backtest.event import EventDriver, EventRun
 from agent.backtest.fast import BarSet, FillList, load_bars, marks_of, regime_path, run_fast
@@ -40,7 +43,6 @@ from agent.backtest.inputs import (
     resolve_checkpoint,
     select_days,
 )
-from agent.backtest.kernel import BarPnl, bar_pnl
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint
 from agent.policy.regime import RegimeTracker

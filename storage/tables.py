@@ -1,4 +1,5 @@
-"""The schema: SQLAlchemy 2 typed ORM models (the migrations in ``storage/migrations`` create it).
+"""The schema: one SQLAlchemy 2 typed ORM class per table, named after a row of it (``OrderRow``
+is a row of ``orders``); the migrations in ``storage/migrations`` create the tables.
 
 Units and conventions:
 
@@ -9,7 +10,8 @@ Units and conventions:
 * Quantities are whole contracts: positive on orders and fills (``side`` gives the sign),
   signed on positions.
 
-Only ``storage`` imports this module; other packages use the repositories.
+Only ``storage`` imports this module; other packages use the repositories, which hand out the
+value types of :mod:`storage.values` instead of rows.
 """
 
 from __future__ import annotations
@@ -42,19 +44,19 @@ __all__ = [
     "ORDER_STATUSES",
     "RUN_STATUSES",
     "Base",
-    "Checkpoint",
-    "DaemonLease",
-    "DaemonSession",
-    "Event",
-    "Fill",
-    "Fold",
-    "GateEvent",
-    "Instrument",
-    "LearnedFloor",
-    "LearnedFloorChange",
-    "Order",
-    "Position",
-    "TrainRun",
+    "CheckpointRow",
+    "DaemonLeaseRow",
+    "DaemonSessionRow",
+    "EventRow",
+    "FillRow",
+    "FoldRow",
+    "GateEventRow",
+    "InstrumentRow",
+    "LearnedFloorChangeRow",
+    "LearnedFloorRow",
+    "OrderRow",
+    "PositionRow",
+    "TrainRunRow",
     "UtcDateTime",
     "utc_now",
 ]
@@ -106,7 +108,7 @@ class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UtcDateTime(), dict[str, Any]: JSON()}
 
 
-class Instrument(Base):
+class InstrumentRow(Base):
     """A tradable instrument, keyed by its Databento instrument id."""
 
     __tablename__ = "instruments"
@@ -118,7 +120,7 @@ class Instrument(Base):
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
 
 
-class TrainRun(Base):
+class TrainRunRow(Base):
     """One retrain (walk-forward over the archive) for a set of instruments."""
 
     __tablename__ = "train_runs"
@@ -133,7 +135,7 @@ class TrainRun(Base):
     error: Mapped[str | None] = mapped_column(Text)
 
 
-class Fold(Base):
+class FoldRow(Base):
     """One walk-forward fold of a run: its train and test spans and test metrics."""
 
     __tablename__ = "folds"
@@ -148,7 +150,7 @@ class Fold(Base):
     metrics: Mapped[dict[str, Any]]
 
 
-class Checkpoint(Base):
+class CheckpointRow(Base):
     """A model checkpoint in the registry (the bytes live in the checkpoint file store).
 
     At most one row per ``instrument_set`` has status ``promoted``: a partial unique index
@@ -183,7 +185,7 @@ class Checkpoint(Base):
     """The checkpoint that was promoted when this one was promoted (the rollback target)."""
 
 
-class GateEvent(Base):
+class GateEventRow(Base):
     """A training gate that was evaluated: Q-drift halt, a kill criterion, a promotion check."""
 
     __tablename__ = "gate_events"
@@ -199,7 +201,7 @@ class GateEvent(Base):
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
 
 
-class LearnedFloor(Base):
+class LearnedFloorRow(Base):
     """The current value of a learned floor per instrument and name."""
 
     __tablename__ = "learned_floors"
@@ -211,7 +213,7 @@ class LearnedFloor(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utc_now)
 
 
-class LearnedFloorChange(Base):
+class LearnedFloorChangeRow(Base):
     """Every value a learned floor ever took, with the run (provenance) that produced it."""
 
     __tablename__ = "learned_floor_history"
@@ -226,7 +228,7 @@ class LearnedFloorChange(Base):
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
 
 
-class DaemonSession(Base):
+class DaemonSessionRow(Base):
     """One run of the trading daemon (live, paper or backtest)."""
 
     __tablename__ = "daemon_sessions"
@@ -240,7 +242,7 @@ class DaemonSession(Base):
     end_reason: Mapped[str | None] = mapped_column(Text)
 
 
-class DaemonLease(Base):
+class DaemonLeaseRow(Base):
     """Which daemon session trades an account's instrument: one holder per (account, instrument).
 
     The holder renews ``heartbeat_at`` while it runs and deletes its rows when it stops
@@ -257,7 +259,7 @@ class DaemonLease(Base):
     heartbeat_at: Mapped[datetime]
 
 
-class Order(Base):
+class OrderRow(Base):
     """An order as the daemon sent it, with its latest status and filled quantity."""
 
     __tablename__ = "orders"
@@ -284,7 +286,7 @@ class Order(Base):
     reason: Mapped[str | None] = mapped_column(Text)
 
 
-class Fill(Base):
+class FillRow(Base):
     """An execution, stored once per ``fill_id``; instrument, side and account come from its order."""
 
     __tablename__ = "fills"
@@ -304,7 +306,7 @@ class Fill(Base):
     ts_event_ns: Mapped[int] = mapped_column(BigInteger)
 
 
-class Position(Base):
+class PositionRow(Base):
     """Net position per account and instrument, kept in step with ``fills`` (rebuildable)."""
 
     __tablename__ = "positions"
@@ -318,7 +320,7 @@ class Position(Base):
     """``fills.id`` of the last fill counted (fills are applied in ``id`` order)."""
 
 
-class Event(Base):
+class EventRow(Base):
     """Something operators want in the timeline: halt, gap, reconnect, promotion, swap, rollback."""
 
     __tablename__ = "events"

@@ -1,0 +1,335 @@
+"""Intake: market data from the source to the paper venue and the features, and the bar closes
+into the bounded decision queue.
+
+The feed task reads the source (:class:`feeds.sources.Source`) and pushes its records through
+the paper venue (fills against the book) and the incremental book/health/bars/features
+(:class:`feeds.features.IncrementalFeatures`). Each bar that closes enters the
+:class:`DecisionQueue` with the wall-clock arrival of the record that closed it (the decision's
+latency and staleness are measured from it). The queue is bounded (``daemon.decision_queue``):
+when the decision task falls behind, the oldest bar closes are dropped and counted
+(``dropped_decisions``); a slow consumer never blocks the feed.
+
+* A **live** feed (NATS, Databento Live) is taken in coalesced runs: an intake task moves the
+  source's events into an inbox, and the feed task pushes each stretch of consecutive record
+  batches through the venue and the features as one array (see :meth:`Intake._live`).
+* A **replay** runs on the feed's clock, as the event-driven backtest does: the records up to
+  one that closes bars reach the venue and the features, the ledger writes they caused are
+  committed (their fills count in the position), then the bars are decided and their orders
+  placed before the next record (:meth:`Intake._replay`). A replayed day gives the backtest's
+  decisions, orders and fills.
+
+Health events of the source are counted (``feed_<kind>``, ``rejected_messages``), logged, and
+mark every builder's bars after a gap or a disconnection not tradable; gaps, reconnections and
+disconnections are also published and journaled. A source that fails halts new orders
+(``venue``) and FAULTs the intake (the watchdog pings stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agent.daemon.events import Events
+from agent.daemon.lifecycle import Component, State
+from agent.daemon.metrics import DaemonMetrics
+from agent.execution.venues import Venue
+from agent.trading.step import closing_runs
+from feeds.dbn.framing import concat_mbp10
+from feeds.features import BarFrame, IncrementalFeatures
+from feeds.sources import HealthEvent, HealthKind, RecordBatch, Source, SourceEvent
+
+__all__ = ["INTAKE_BATCHES", "Close", "DecisionQueue", "Intake", "closing_arrivals"]
+
+log = logging.getLogger(__name__)
+
+INTAKE_BATCHES = 64
+"""Record batches a live feed's run waits for at most (one JetStream fetch by default)."""
+
+
+@dataclass(slots=True)
+class Close:
+    """One bar close waiting for its decision."""
+
+    frame: BarFrame
+    arrival_ns: int
+    """Wall clock (UNIX ns) when the batch holding the closing record was received."""
+
+
+class DecisionQueue:
+    """Bar closes waiting for the decision task: bounded, the oldest dropped and counted."""
+
+    def __init__(self, limit: int, metrics: DaemonMetrics) -> None:
+        self._limit = limit
+        self._metrics = metrics
+        self._closes: collections.deque[Close] = collections.deque()
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        """Set when the decision task has taken every queued close and decided it."""
+
+    def __iter__(self) -> Iterator[Close]:
+        return iter(self._closes)
+
+    def put(self, frames: list[BarFrame], arrivals_ns: list[int]) -> None:
+        for frame, arrival_ns in zip(frames, arrivals_ns, strict=True):
+            self._closes.append(Close(frame, arrival_ns))
+        while len(self._closes) > self._limit:
+            self._closes.popleft()
+            self._metrics.dropped("decision_queue")
+        self._ready.set()
+
+    async def take(self) -> list[Close]:
+        """Every queued close, once some were put (the decision task)."""
+        await self._ready.wait()
+        self._ready.clear()
+        closes = list(self._closes)
+        self._closes.clear()
+        return closes
+
+    def taken(self) -> None:
+        """The decision task decided what it took; idle when nothing new is queued."""
+        if not self._closes:
+            self._idle.set()
+
+    async def decide(self, frames: list[BarFrame], arrivals_ns: list[int]) -> None:
+        """Put the closes and wait until they are decided (a replay, on the feed's clock)."""
+        self._idle.clear()
+        self.put(frames, arrivals_ns)
+        await self._idle.wait()
+
+
+class Intake(Component):
+    """The feed task (see the module docstring). ``settle`` waits until every queued ledger
+    write is committed and applied (a replay calls it before each decision)."""
+
+    def __init__(
+        self,
+        *,
+        source: Source,
+        features: IncrementalFeatures,
+        venue: Venue,
+        queue: DecisionQueue,
+        metrics: DaemonMetrics,
+        events: Events,
+        replay: bool,
+        venue_latency_ns: int,
+        settle: Callable[[], Awaitable[None]],
+    ) -> None:
+        super().__init__("intake")
+        self.source = source
+        self._features = features
+        self._venue = venue
+        self._queue = queue
+        self._metrics = metrics
+        self._events = events
+        self._replay = replay
+        self._venue_latency_ns = venue_latency_ns
+        self._settle = settle
+        self.clock_ns = 0
+        """Latest ``ts_recv`` seen (the feed's clock, UNIX ns)."""
+        self._wall_ns = 0
+        """Wall clock when the feed clock last moved."""
+
+    @property
+    def alive(self) -> bool:
+        """The feed task runs (not failed, not at the end of the data, not stopped)."""
+        return self.state is State.RUNNING and any(not t.done() for t in self._tasks)
+
+    def feed_now(self) -> int:
+        """The feed clock extrapolated with the wall clock since the last record: equal to the
+        wall clock for a live feed, and never ahead of a replayed (historical) feed's pace."""
+        if not self.clock_ns:
+            return time.time_ns()
+        return self.clock_ns + max(0, time.time_ns() - self._wall_ns)
+
+    async def fed(self) -> None:
+        """Until the feed task ended (the end of the data); its error if it failed."""
+        await asyncio.gather(*self._tasks)
+
+    def poll(self, now_ns: int) -> None:
+        """The status tick of a live feed: bars a quiet feed closes by the clock (measured from
+        ``now_ns``), and the paper book's clock moved on."""
+        if self._replay or not self.clock_ns:
+            return
+        feed_now = self.feed_now()
+        frames = self._features.poll(feed_now)
+        if frames:
+            self._queue.put(frames, [now_ns] * len(frames))
+        self._venue.advance(feed_now)
+
+    async def _start(self) -> None:
+        await self.source.start()
+        self._task(self._feed(), "feed")
+
+    async def _stop(self) -> None:
+        await self.source.stop()
+        await self._cancel_tasks()
+
+    async def _feed(self) -> None:
+        source = self.source
+        try:
+            if self._replay:
+                await self._replay_feed(source)
+            else:
+                await self._live(source)
+            log.warning("%s: end of data", source.name)
+            # The book stands still after the last record: orders still on their way to the paper
+            # book arrive and execute against it.
+            self._venue.advance(self.clock_ns + self._venue_latency_ns + 1)
+        except Exception:
+            self._fault()
+            log.exception("market-data source failed; no new orders")
+            self._events.halts.set("venue", "market data source failed")
+            raise
+
+    async def _replay_feed(self, source: Source) -> None:
+        """Replay on the feed's clock (:func:`agent.trading.step.closing_runs`)."""
+        async for event in source:
+            if isinstance(event, HealthEvent):
+                self._on_health(event)
+                continue
+            for run, frame in closing_runs(self._features, event.records):
+                self._moved(int(run["ts_recv"][-1]))
+                self._venue.on_records(run)
+                if frame is not None:
+                    await self._settle()
+                    await self._queue.decide([frame], [time.time_ns()])
+
+    async def _live(self, source: Source) -> None:
+        """A live feed in coalesced runs: an intake task moves the source's events into an
+        inbox; this task takes the events at its head as one run (:meth:`_next_run`) and pushes
+        each stretch of consecutive record batches through the venue and the features as one
+        array. A NATS message carries a few records, and the per-call costs of the book, bars,
+        features and the paper broker are ~100 us: one call per message cannot keep up with
+        10k records/s, one call per run can. Health events are handled in their place between
+        runs."""
+        inbox: collections.deque[SourceEvent] = collections.deque()
+        ready = asyncio.Event()
+        intake = asyncio.get_running_loop().create_task(_inbox(source, inbox, ready), name="inbox")
+        try:
+            while not (intake.done() and not inbox):
+                await ready.wait()
+                events = [inbox.popleft() for _ in range(await self._next_run(inbox, intake))]
+                if not inbox:
+                    ready.clear()
+                run: list[RecordBatch] = []
+                for event in events:
+                    if isinstance(event, HealthEvent):
+                        self._on_run(run)
+                        run = []
+                        self._on_health(event)
+                    else:
+                        run.append(event)
+                self._on_run(run)
+            intake.result()  # the source's failure, if it failed
+        finally:
+            intake.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await intake
+
+    async def _next_run(self, inbox: collections.deque[SourceEvent], intake: asyncio.Task[None]) -> int:
+        """How many events at the head of ``inbox`` form the next run.
+
+        The intake moves one queued event per pass of the loop: the run waits while passes
+        bring more (one transport read holds many messages), up to :data:`INTAKE_BATCHES`
+        events, or until the inbox holds a batch closing the bar of every instrument. A run
+        that closes bars ends with the last batch that closes one: the batches behind it wait
+        for the next run, processed once the decision task took the bars (one batched decision
+        for the instruments whose bars closed together). Where a run ends never changes the
+        bars."""
+        pending: collections.Counter[int] = collections.Counter()
+        closed: set[int] = set()
+        scanned = closing = 0
+        while True:
+            for k in range(scanned, len(inbox)):
+                event = inbox[k]
+                if isinstance(event, RecordBatch) and (ids := self._features.closing(event.records, pending)):
+                    closing = k + 1
+                    closed.update(ids)
+            scanned = len(inbox)
+            if len(closed) == len(self._features.by_id) or scanned >= INTAKE_BATCHES or intake.done():
+                break
+            await asyncio.sleep(0)
+            if len(inbox) == scanned:
+                break
+        return closing or scanned
+
+    def _on_run(self, run: list[RecordBatch]) -> None:
+        """Consecutive record batches as one array; each bar they close is measured from the
+        arrival of the batch holding the record that closed it (:func:`closing_arrivals`)."""
+        if not run:
+            return
+        self._metrics.count("feed_runs")
+        if len(run) == 1:
+            self._on_records(run[0].records, run[0].received_ns)
+            return
+        received = np.array([b.received_ns for b in run], dtype=np.int64)
+        arrivals = np.repeat(received, [len(b.records) for b in run])
+        self._on_records(concat_mbp10([b.records for b in run]), arrivals)
+
+    def _on_records(
+        self, records: np.ndarray[Any, np.dtype[np.void]], arrival: int | np.ndarray[Any, np.dtype[np.int64]]
+    ) -> None:
+        """Feed the venue and the features; queue the bars that closed. ``arrival``: when
+        ``records`` arrived (UNIX ns), or, where they came in several batches, when each did."""
+        self._moved(int(records["ts_recv"][-1]))
+        self._venue.on_records(records)
+        frames = self._features.push_records(records)
+        if not frames:
+            return
+        if isinstance(arrival, int):
+            self._queue.put(frames, [arrival] * len(frames))
+        else:
+            self._queue.put(frames, closing_arrivals(records, arrival, frames))
+
+    def _moved(self, ts_recv: int) -> None:
+        self.clock_ns = max(self.clock_ns, ts_recv)
+        self._wall_ns = time.time_ns()
+
+    def _on_health(self, event: HealthEvent) -> None:
+        kind = event.kind
+        if kind in (HealthKind.GAP, HealthKind.DISCONNECTED, HealthKind.DROPPED):
+            for builder in self._features.by_id.values():
+                builder.report_gap(event.at_ns)
+        self._metrics.feed_event(event)
+        log.warning("feed %s: %s", kind.value, event.detail)
+        if kind in (HealthKind.GAP, HealthKind.RECONNECTED, HealthKind.DISCONNECTED):
+            self._events.emit(kind.value, event.detail or kind.value, details={"count": event.count})
+
+
+def closing_arrivals(
+    records: np.ndarray[Any, np.dtype[np.void]],
+    arrivals: np.ndarray[Any, np.dtype[np.int64]],
+    frames: list[BarFrame],
+) -> list[int]:
+    """Per frame, when the record that closed its last bar arrived: ``arrivals[k]`` of the
+    instrument's first record in ``records`` stamped at or after the bar's close (the record
+    past a time bar's boundary; for an event bar, or a record stamped exactly at the boundary,
+    the same or an earlier record: never later, so the latency is never understated). A frame
+    whose instrument has no such record here takes the first arrival."""
+    ids = records["instrument_id"]
+    ts = records["ts_recv"].astype(np.int64)
+    out = []
+    for frame in frames:
+        mine = np.flatnonzero(ids == frame.instrument_id)
+        stamps = np.maximum.accumulate(ts[mine])
+        k = int(np.searchsorted(stamps, int(frame.ts_close[-1]), side="left"))
+        out.append(int(arrivals[mine[k]]) if k < mine.size else int(arrivals[0]))
+    return out
+
+
+async def _inbox(source: Source, inbox: collections.deque[SourceEvent], ready: asyncio.Event) -> None:
+    """Move the source's events into ``inbox`` (see :meth:`Intake._live`)."""
+    try:
+        async for event in source:
+            inbox.append(event)
+            ready.set()
+    finally:
+        ready.set()
