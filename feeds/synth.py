@@ -245,6 +245,198 @@ def _segmented_reflection(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Events:
+    """The session's events in time order with every random number they use, drawn in one place
+    and one order that does not depend on ``signal`` (module docstring: determinism)."""
+
+    times: npt.NDArray[np.float64]
+    """Seconds from the open."""
+    is_move: npt.NDArray[np.bool_]
+    coin: npt.NDArray[np.float64]
+    """A move's direction draw (:func:`_move_directions`)."""
+    buyish: npt.NDArray[np.bool_]
+    depth: npt.NDArray[np.int64]
+    trade_u: npt.NDArray[np.float64]
+    add_u: npt.NDArray[np.float64]
+    modify_u: npt.NDArray[np.float64]
+    add_size: npt.NDArray[np.int64]
+    remove_size: npt.NDArray[np.int64]
+    refill_size: npt.NDArray[np.int64]
+    latency: npt.NDArray[np.int64]
+
+
+def _events(rng: np.random.Generator, seconds: int, synth: SynthConfig) -> _Events | None:
+    """The regimes, the event times and every random number of the session (None: no event)."""
+    active = _regimes(rng, seconds, synth)
+    rate = synth.events_per_second * np.where(active, synth.active_activity, synth.calm_activity)
+    counts = rng.poisson(rate)
+    n = int(counts.sum())
+    times = np.sort(np.repeat(np.arange(seconds, dtype=np.float64), counts) + rng.random(n))
+    regime = active[times.astype(np.int64)]
+    if n == 0:
+        return None
+    pressure = _pressure(rng, seconds, synth.pressure_s)[times.astype(np.int64)]
+    p_move = np.where(regime, synth.active_move_probability, synth.calm_move_probability)
+    # Keyword arguments are evaluated in order: this is the order of the draws.
+    return _Events(
+        times=times,
+        is_move=rng.random(n) < p_move,
+        coin=rng.random(n),
+        buyish=rng.random(n) < 0.5 * (1.0 + np.tanh(synth.pressure_tilt * pressure)),
+        depth=np.minimum(rng.geometric(DEPTH_DECAY, size=n) - 1, LEVELS - 1).astype(np.int64),
+        trade_u=rng.random(n),
+        add_u=rng.random(n),
+        modify_u=rng.random(n),
+        add_size=_geometric(rng, synth.mean_order_size, n),
+        remove_size=_geometric(rng, synth.mean_order_size * REMOVAL_SIZE_RATIO, n),
+        refill_size=_geometric(rng, synth.mean_order_size, n),
+        latency=rng.integers(*LATENCY_NS, size=n),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _BookEvents:
+    """Per event: its kind, the signed size change of the level it touches and that level's side
+    (True = bid); the signed flow the planted signal reads and its square (0 for a move and
+    below :data:`SIGNAL_DEPTH`)."""
+
+    kind: npt.NDArray[np.int64]
+    delta: npt.NDArray[np.int64]
+    is_bid: npt.NDArray[np.bool_]
+    flow: npt.NDArray[np.float64]
+    flow_sq: npt.NDArray[np.float64]
+
+
+def _book_events(e: _Events) -> _BookEvents:
+    is_trade = ~e.is_move & (e.depth == 0) & (e.trade_u < TRADE_SHARE)
+    is_add = ~e.is_move & ~is_trade & (e.add_u < 0.5)
+    # Buy-side flow is a bid add, an ask cancel or a trade against the ask (a buy aggressor).
+    is_bid = is_add == e.buyish
+    kind = np.where(is_trade, _TRADE, np.where(is_add, _ADD, _CANCEL))
+    kind = np.where((kind != _TRADE) & (e.modify_u < MODIFY_SHARE), _MODIFY, kind)
+    delta = np.where(is_add, e.add_size, -e.remove_size)
+    # A trade consumes the level on the side opposite the aggressor: the touched side is is_bid.
+    side_sign = np.where(is_bid, 1.0, -1.0)
+    counted = ~e.is_move & (e.depth < SIGNAL_DEPTH)
+    return _BookEvents(
+        kind=kind,
+        delta=delta,
+        is_bid=is_bid,
+        flow=np.where(counted, side_sign * delta, 0.0),
+        flow_sq=np.where(counted, delta.astype(np.float64) ** 2, 0.0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Records:
+    """The records of the events, a move being two (consuming trade, then the resting
+    remainder): per record its event, whether it is a move's, the best bid and ask after it
+    (ticks), its kind, the side (True = bid) and price (ticks) it touches, its size change and
+    the size a move's refill rests."""
+
+    event: npt.NDArray[np.int64]
+    move: npt.NDArray[np.bool_]
+    bid: npt.NDArray[np.int64]
+    ask: npt.NDArray[np.int64]
+    kind: npt.NDArray[np.int64]
+    bid_side: npt.NDArray[np.bool_]
+    price: npt.NDArray[np.int64]
+    delta: npt.NDArray[np.int64]
+    reset: npt.NDArray[np.int64]
+
+
+def _records(
+    e: _Events, book: _BookEvents, direction: npt.NDArray[np.int64], bid_before: npt.NDArray[np.int64]
+) -> _Records:
+    ev = np.repeat(np.arange(len(e.times)), 1 + e.is_move.astype(np.int64))
+    second = np.zeros(len(ev), dtype=bool)
+    second[1:] = ev[1:] == ev[:-1]
+    up = direction[ev] > 0
+    mv = e.is_move[ev]
+    b0 = bid_before[ev]
+    # Best bid/ask after each record: an up-move shows (b, b+2) then (b+1, b+2); a down-move
+    # (b-1, b+1) then (b-1, b).
+    bid = np.where(mv & ~up & ~second, b0 - 1, np.where(mv & second, b0 + direction[ev], b0))
+    ask = np.where(mv & up, b0 + 2, np.where(mv & ~up & second, b0, b0 + 1))
+    return _Records(
+        event=ev,
+        move=mv,
+        bid=bid,
+        ask=ask,
+        kind=np.where(mv, np.where(second, _REFILL, _CLEAR), book.kind[ev]),
+        bid_side=np.where(mv, np.where(second, up, ~up), book.is_bid[ev]),
+        price=np.where(
+            mv,
+            np.where(up, b0 + 1, b0),
+            np.where(book.is_bid[ev], bid - e.depth[ev], ask + e.depth[ev]),
+        ),
+        delta=np.where(mv, 0, book.delta[ev]),
+        reset=np.where(mv & second, e.refill_size[ev], 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Queues:
+    """The levels' queues: level keys (side, price) from ``p_lo`` in ``width`` prices a side;
+    the records' order sorted by (key, record), the key and the queue size after each record in
+    that order, and per record the size its ``size`` field shows."""
+
+    p_lo: int
+    width: int
+    order: npt.NDArray[np.int64]
+    keys: npt.NDArray[np.int64]
+    after: npt.NDArray[np.int64]
+    size: npt.NDArray[np.int64]
+
+
+def _queues(r: _Records, salt: int, mean_order: float) -> _Queues:
+    """Group the records by level and reflect the summed flow per segment (module docstring)."""
+    p_lo = int(min(r.bid.min(), r.price.min())) - LEVELS
+    p_hi = int(max(r.ask.max(), r.price.max())) + LEVELS
+    width = p_hi - p_lo + 1
+    m = len(r.event)
+    key = np.where(r.bid_side, 0, width) + (r.price - p_lo)
+    order = np.lexsort((np.arange(m), key))
+    k_sorted = key[order]
+    kind_sorted = r.kind[order]
+    is_reset = (kind_sorted == _CLEAR) | (kind_sorted == _REFILL)
+    group_start = np.ones(m, dtype=bool)
+    group_start[1:] = k_sorted[1:] != k_sorted[:-1]
+    seg_start = group_start | is_reset
+    initial = _initial_size(k_sorted, salt, mean_order)
+    base = np.where(is_reset, r.reset[order], initial)[seg_start]
+    inc = np.where(is_reset, 0, r.delta[order])
+    after_sorted = _segmented_reflection(inc, seg_start, base)
+    before_sorted = np.where(group_start, initial, np.roll(after_sorted, 1))
+    after = np.empty(m, dtype=np.int64)
+    before = np.empty(m, dtype=np.int64)
+    after[order] = after_sorted
+    before[order] = before_sorted
+    size = np.where(r.kind == _CLEAR, before, np.where(r.kind == _REFILL, after, np.abs(after - before)))
+    return _Queues(p_lo=p_lo, width=width, order=order, keys=k_sorted, after=after_sorted, size=size)
+
+
+def _snapshot(
+    out: npt.NDArray[np.void], r: _Records, q: _Queues, *, salt: int, mean_order: float, tick_fixed: int
+) -> None:
+    """Write every level's price, size and order count as of each record into ``out``: the size
+    after the last event at that price, else the level's initial size."""
+    m = len(r.event)
+    codes = q.keys * m + q.order
+    rec_index = np.arange(m, dtype=np.int64)
+    for level in range(LEVELS):
+        for is_bid_side, best, sign, name in ((True, r.bid, -1, "bid"), (False, r.ask, 1, "ask")):
+            price = best + sign * level
+            lkey = (0 if is_bid_side else q.width) + (price - q.p_lo)
+            pos = np.searchsorted(codes, lkey * m + rec_index, side="right") - 1
+            hit = (pos >= 0) & (q.keys[np.maximum(pos, 0)] == lkey)
+            lsize = np.where(hit, q.after[np.maximum(pos, 0)], _initial_size(lkey, salt, mean_order))
+            out[f"{name}_px_{level:02d}"] = price * tick_fixed
+            out[f"{name}_sz_{level:02d}"] = lsize
+            out[f"{name}_ct_{level:02d}"] = np.minimum(lsize, -(-lsize // _order_divisor(lkey, salt)))
+
+
 def simulate_session(
     spec: InstrumentSpec,
     day: dt.date,
@@ -268,142 +460,46 @@ def simulate_session(
             f"feeds.instruments[{spec.symbol}].tick_size {spec.tick_size} is not a multiple of 1e-9"
         )
     salt = int(rng.integers(0, 2**62))
-
-    # Regimes and event times.
-    active = _regimes(rng, seconds, synth)
-    rate = synth.events_per_second * np.where(active, synth.active_activity, synth.calm_activity)
-    counts = rng.poisson(rate)
-    n = int(counts.sum())
-    times = np.sort(np.repeat(np.arange(seconds, dtype=np.float64), counts) + rng.random(n))
-    regime = active[times.astype(np.int64)]
-    if n == 0:
+    e = _events(rng, seconds, synth)
+    if e is None:
         return SynthDay(records=np.empty(0, dtype=MBP10_DTYPE), close_tick=open_tick)
-
-    # Every random number is drawn here, independent of `signal`.
-    pressure = _pressure(rng, seconds, synth.pressure_s)[times.astype(np.int64)]
-    p_move = np.where(regime, synth.active_move_probability, synth.calm_move_probability)
-    is_move = rng.random(n) < p_move
-    coin = rng.random(n)
-    buyish = rng.random(n) < 0.5 * (1.0 + np.tanh(synth.pressure_tilt * pressure))
-    depth = np.minimum(rng.geometric(DEPTH_DECAY, size=n) - 1, LEVELS - 1).astype(np.int64)
-    trade_u = rng.random(n)
-    add_u = rng.random(n)
-    modify_u = rng.random(n)
-    add_size = _geometric(rng, synth.mean_order_size, n)
-    remove_size = _geometric(rng, synth.mean_order_size * REMOVAL_SIZE_RATIO, n)
-    refill_size = _geometric(rng, synth.mean_order_size, n)
-    latency = rng.integers(*LATENCY_NS, size=n)
-
-    # Book events: kind and signed size change of the touched level.
-    is_trade = ~is_move & (depth == 0) & (trade_u < TRADE_SHARE)
-    is_add = ~is_move & ~is_trade & (add_u < 0.5)
-    # Buy-side flow is a bid add, an ask cancel or a trade against the ask (a buy aggressor).
-    is_bid = is_add == buyish
-    kind = np.where(is_trade, _TRADE, np.where(is_add, _ADD, _CANCEL))
-    kind = np.where((kind != _TRADE) & (modify_u < MODIFY_SHARE), _MODIFY, kind)
-    delta = np.where(is_add, add_size, -remove_size)
-    # A trade consumes the level on the side opposite the aggressor: the touched side is is_bid.
-    side_sign = np.where(is_bid, 1.0, -1.0)
-    counted = ~is_move & (depth < SIGNAL_DEPTH)
-    flow = np.where(counted, side_sign * delta, 0.0)
-    flow_sq = np.where(counted, delta.astype(np.float64) ** 2, 0.0)
+    book = _book_events(e)
 
     # Price moves, with the planted signal.
-    moves = np.flatnonzero(is_move)
-    direction = np.zeros(n, dtype=np.int64)
+    moves = np.flatnonzero(e.is_move)
+    direction = np.zeros(len(e.times), dtype=np.int64)
     direction[moves] = _move_directions(
-        times=times, flow=flow, flow_sq=flow_sq, moves=moves, coin=coin[moves], synth=synth
+        times=e.times, flow=book.flow, flow_sq=book.flow_sq, moves=moves, coin=e.coin[moves], synth=synth
     )
-    bid_before = open_tick + np.cumsum(direction) - direction
+    r = _records(e, book, direction, open_tick + np.cumsum(direction) - direction)
+    q = _queues(r, salt, synth.mean_order_size)
+    out = np.zeros(len(r.event), dtype=MBP10_DTYPE)
+    _snapshot(out, r, q, salt=salt, mean_order=synth.mean_order_size, tick_fixed=tick_fixed)
 
-    # Expand to records: a move is two records (consuming trade, then the resting remainder).
-    reps = 1 + is_move.astype(np.int64)
-    ev = np.repeat(np.arange(n), reps)
-    second = np.zeros(len(ev), dtype=bool)
-    second[1:] = ev[1:] == ev[:-1]
-    up = direction[ev] > 0
-    mv = is_move[ev]
-    b0 = bid_before[ev]
-    # Best bid/ask after each record: an up-move shows (b, b+2) then (b+1, b+2); a down-move
-    # (b-1, b+1) then (b-1, b).
-    bid = np.where(mv & ~up & ~second, b0 - 1, np.where(mv & second, b0 + direction[ev], b0))
-    ask = np.where(mv & up, b0 + 2, np.where(mv & ~up & second, b0, b0 + 1))
-    r_kind = np.where(mv, np.where(second, _REFILL, _CLEAR), kind[ev])
-    # Touched side (True = bid) and price of each record.
-    r_bid_side = np.where(mv, np.where(second, up, ~up), is_bid[ev])
-    r_price = np.where(
-        mv,
-        np.where(up, b0 + 1, b0),
-        np.where(is_bid[ev], bid - depth[ev], ask + depth[ev]),
-    )
-    r_delta = np.where(mv, 0, delta[ev])
-    r_reset = np.where(mv & second, refill_size[ev], 0)
-
-    # Queue sizes: group records by level (side, price), reflect the summed flow per segment.
-    p_lo = int(min(bid.min(), r_price.min())) - LEVELS
-    p_hi = int(max(ask.max(), r_price.max())) + LEVELS
-    width = p_hi - p_lo + 1
-    m = len(ev)
-    key = np.where(r_bid_side, 0, width) + (r_price - p_lo)
-    order = np.lexsort((np.arange(m), key))
-    k_sorted = key[order]
-    kind_sorted = r_kind[order]
-    is_reset = (kind_sorted == _CLEAR) | (kind_sorted == _REFILL)
-    group_start = np.ones(m, dtype=bool)
-    group_start[1:] = k_sorted[1:] != k_sorted[:-1]
-    seg_start = group_start | is_reset
-    initial = _initial_size(k_sorted, salt, synth.mean_order_size)
-    base = np.where(is_reset, r_reset[order], initial)[seg_start]
-    inc = np.where(is_reset, 0, r_delta[order])
-    after_sorted = _segmented_reflection(inc, seg_start, base)
-    before_sorted = np.where(group_start, initial, np.roll(after_sorted, 1))
-    after = np.empty(m, dtype=np.int64)
-    before = np.empty(m, dtype=np.int64)
-    after[order] = after_sorted
-    before[order] = before_sorted
-    size = np.where(r_kind == _CLEAR, before, np.where(r_kind == _REFILL, after, np.abs(after - before)))
-
-    # Snapshot: every level's size as of each record (last event at that price, else initial).
-    codes = k_sorted * m + order
-    rec_index = np.arange(m, dtype=np.int64)
-    out = np.zeros(m, dtype=MBP10_DTYPE)
-    for level in range(LEVELS):
-        for is_bid_side, best, sign, name in ((True, bid, -1, "bid"), (False, ask, 1, "ask")):
-            price = best + sign * level
-            lkey = (0 if is_bid_side else width) + (price - p_lo)
-            pos = np.searchsorted(codes, lkey * m + rec_index, side="right") - 1
-            hit = (pos >= 0) & (k_sorted[np.maximum(pos, 0)] == lkey)
-            lsize = np.where(
-                hit, after_sorted[np.maximum(pos, 0)], _initial_size(lkey, salt, synth.mean_order_size)
-            )
-            out[f"{name}_px_{level:02d}"] = price * tick_fixed
-            out[f"{name}_sz_{level:02d}"] = lsize
-            out[f"{name}_ct_{level:02d}"] = np.minimum(lsize, -(-lsize // _order_divisor(lkey, salt)))
-
-    ts_recv = open_ns + (times[ev] * NS).astype(np.int64)
+    ev = r.event
+    ts_recv = open_ns + (e.times[ev] * NS).astype(np.int64)
     out["length"] = MBP10_LENGTH
     out["rtype"] = MBP10_RTYPE
     out["publisher_id"] = PUBLISHER_ID
     out["instrument_id"] = spec.instrument_id
     out["ts_recv"] = ts_recv
-    out["ts_event"] = ts_recv - latency[ev]
-    out["ts_in_delta"] = latency[ev]
-    out["price"] = r_price * tick_fixed
-    out["size"] = size
-    out["action"] = _ACTION[r_kind]
-    trade_side = np.where(r_bid_side, b"A", b"B")  # aggressor: a trade on the bid is a sell
+    out["ts_event"] = ts_recv - e.latency[ev]
+    out["ts_in_delta"] = e.latency[ev]
+    out["price"] = r.price * tick_fixed
+    out["size"] = q.size
+    out["action"] = _ACTION[r.kind]
+    trade_side = np.where(r.bid_side, b"A", b"B")  # aggressor: a trade on the bid is a sell
     out["side"] = np.where(
-        (r_kind == _TRADE) | (r_kind == _CLEAR), trade_side, np.where(r_bid_side, b"B", b"A")
+        (r.kind == _TRADE) | (r.kind == _CLEAR), trade_side, np.where(r.bid_side, b"B", b"A")
     )
-    out["flags"] = np.where(r_kind == _CLEAR, 0, F_LAST)
-    out["depth"] = np.where(mv, 0, depth[ev])
+    out["flags"] = np.where(r.kind == _CLEAR, 0, F_LAST)
+    out["depth"] = np.where(r.move, 0, e.depth[ev])
 
     # Drop events that changed nothing (a removal reflected at one contract).
-    keep = size > 0
+    keep = q.size > 0
     records = take_mbp10(out, keep) if not keep.all() else out
     records["sequence"] = np.arange(1, len(records) + 1)
-    close_tick = int(bid[-1])
-    return SynthDay(records=records, close_tick=close_tick)
+    return SynthDay(records=records, close_tick=int(r.bid[-1]))
 
 
 def _open_tick(spec: InstrumentSpec, synth: SynthConfig) -> int:

@@ -28,9 +28,19 @@ from typing import cast
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from storage._sql import finite, insert_ignoring_conflicts, nonempty
+from storage._sql import insert_ignoring_conflicts
 from storage.database import Database
 from storage.errors import FillsNotPersisted, InvalidRecord, NotFound, StorageError
+from storage.ledger_rows import (
+    check_fill,
+    check_order,
+    fill_record,
+    order_record,
+    position_state,
+    same_fill,
+    same_order,
+    store_position,
+)
 from storage.tables import FillRow, OrderRow, PositionRow
 from storage.values import (
     OPEN_ORDER_STATUSES,
@@ -52,9 +62,7 @@ log = logging.getLogger(__name__)
 PRICE_UNIT = 1e-9
 """The price of one DBN fixed-point step: ``price * PRICE_UNIT`` turns a fixed-point integer into
 price units (the inverse of ``feeds.records.PRICE_SCALE``; ``storage`` does not import ``feeds``)."""
-_UNDEF_PRICE = 2**63 - 1  # DBN's "no price" sentinel
 _TERMINAL: frozenset[str] = frozenset({"filled", "cancelled", "rejected"})
-_ID_MAX = 64
 
 
 def apply_fill(
@@ -92,95 +100,6 @@ def apply_fill(
     )
 
 
-def _order_record(row: OrderRow) -> OrderRecord:
-    return OrderRecord(
-        client_order_id=row.client_order_id,
-        instrument_id=row.instrument_id,
-        side=cast(Side, row.side),
-        qty=row.qty,
-        filled_qty=row.filled_qty,
-        order_type="limit" if row.order_type == "limit" else "market",
-        limit_price=row.limit_price,
-        status=cast(OrderStatus, row.status),
-        account=row.account,
-        session_id=row.session_id,
-        ts_created_ns=row.ts_created_ns,
-        ts_updated_ns=row.ts_updated_ns,
-        reason=row.reason,
-    )
-
-
-def _position_state(row: PositionRow) -> PositionState:
-    return PositionState(
-        account=row.account,
-        instrument_id=row.instrument_id,
-        qty=row.qty,
-        avg_price=row.avg_price,
-        realized_points=row.realized_points,
-        fees=row.fees,
-        last_fill_id=row.last_fill_id,
-    )
-
-
-def _store_position(row: PositionRow, state: PositionState) -> None:
-    row.qty, row.avg_price, row.fees = state.qty, state.avg_price, state.fees
-    row.realized_points, row.last_fill_id = state.realized_points, state.last_fill_id
-
-
-def _fill_record(row: FillRow) -> FillRecord:
-    return FillRecord(
-        id=row.id,
-        fill_id=row.fill_id,
-        client_order_id=row.client_order_id,
-        account=row.account,
-        instrument_id=row.instrument_id,
-        side=cast(Side, row.side),
-        qty=row.qty,
-        price=row.price,
-        fee=row.fee,
-        ts_ns=row.ts_event_ns,
-    )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_order(order: LedgerOrder) -> None:
-    nonempty(order.client_order_id, "client_order_id", _ID_MAX)
-    if not all(_is_int(v) for v in (order.qty, order.instrument_id, order.ts_ns)) or not (
-        order.limit_price is None or _is_int(order.limit_price)
-    ):
-        raise InvalidRecord(
-            f"order {order.client_order_id}: qty, instrument_id, ts_ns and limit_price must be integers "
-            "(prices in 1e-9 fixed point)"
-        )
-    nonempty(order.account, "account", 64)
-    if order.side not in ("buy", "sell"):
-        raise InvalidRecord(f"order {order.client_order_id}: side must be buy or sell, got {order.side!r}")
-    if order.qty <= 0:
-        raise InvalidRecord(f"order {order.client_order_id}: qty must be > 0, got {order.qty}")
-    if order.order_type not in ("market", "limit"):
-        raise InvalidRecord(f"order {order.client_order_id}: order_type must be market or limit")
-    if order.order_type == "limit" and (order.limit_price is None or order.limit_price == _UNDEF_PRICE):
-        raise InvalidRecord(f"order {order.client_order_id}: a limit order needs a limit_price")
-    if order.order_type == "market" and order.limit_price is not None:
-        raise InvalidRecord(f"order {order.client_order_id}: a market order has no limit_price")
-
-
-def _check_fill(fill: LedgerFill) -> None:
-    nonempty(fill.fill_id, "fill_id", _ID_MAX)
-    if not all(_is_int(v) for v in (fill.qty, fill.price, fill.ts_ns)):
-        raise InvalidRecord(
-            f"fill {fill.fill_id}: qty, price and ts_ns must be integers (price in 1e-9 fixed point)"
-        )
-    if fill.qty <= 0:
-        raise InvalidRecord(f"fill {fill.fill_id}: qty must be > 0, got {fill.qty}")
-    if abs(fill.price) >= _UNDEF_PRICE:
-        raise InvalidRecord(f"fill {fill.fill_id}: undefined price")
-    finite(fill.fee, f"fill {fill.fill_id} fee")
-
-
 @dataclass(slots=True)
 class _OrderState:
     """The columns of an order that recording fills reads and changes (lighter than the ORM)."""
@@ -209,27 +128,6 @@ _ORDER_STATE_COLUMNS = (
 )
 
 
-def _same_order(row: OrderRow, order: LedgerOrder) -> bool:
-    return (row.instrument_id, row.side, row.qty, row.order_type, row.limit_price, row.account) == (
-        order.instrument_id,
-        order.side,
-        order.qty,
-        order.order_type,
-        order.limit_price,
-        order.account,
-    )
-
-
-def _same_fill(row: FillRow, fill: LedgerFill) -> bool:
-    return (row.client_order_id, row.qty, row.price, row.fee, row.ts_event_ns) == (
-        fill.client_order_id,
-        fill.qty,
-        fill.price,
-        fill.fee,
-        fill.ts_ns,
-    )
-
-
 class Ledger:
     """Orders, fills and positions of every account in one database."""
 
@@ -245,7 +143,7 @@ class Ledger:
         (``InvalidRecord``; nothing stored). Unknown instrument or session: ``InvalidRecord``.
         """
         for order in orders:
-            _check_order(order)
+            check_order(order)
 
         def work(session: Session) -> tuple[str, ...]:
             rows = [
@@ -283,7 +181,7 @@ class Ledger:
                 }
                 for order in seen:
                     row = stored.get(order.client_order_id)
-                    if row is None or not _same_order(row, order):
+                    if row is None or not same_order(row, order):
                         raise InvalidRecord(
                             f"client_order_id {order.client_order_id} is already used by a different order"
                         )
@@ -303,7 +201,7 @@ class Ledger:
             row = session.scalar(select(OrderRow).where(OrderRow.client_order_id == client_order_id))
             if row is None:
                 raise NotFound(f"no order {client_order_id}")
-            return _order_record(row)
+            return order_record(row)
 
         return self._db.read(work, what="read order")
 
@@ -331,7 +229,7 @@ class Ledger:
                 row.status = status
                 row.reason = reason
                 row.ts_updated_ns = max(row.ts_updated_ns, ts_ns)
-            return _order_record(row)
+            return order_record(row)
 
         return self._db.write(work, what="update order")
 
@@ -344,7 +242,7 @@ class Ledger:
                 .where(OrderRow.account == account, OrderRow.status.in_(OPEN_ORDER_STATUSES))
                 .order_by(OrderRow.id)
             )
-            return [_order_record(r) for r in rows]
+            return [order_record(r) for r in rows]
 
         return self._db.read(work, what="read open orders")
 
@@ -361,7 +259,7 @@ class Ledger:
         stored).
         """
         for fill in fills:
-            _check_fill(fill)
+            check_fill(fill)
         unique: dict[str, LedgerFill] = {}
         for fill in fills:
             first = unique.setdefault(fill.fill_id, fill)
@@ -422,7 +320,7 @@ class Ledger:
                 )
             }
             for fill in duplicates:
-                if not _same_fill(stored[fill.fill_id], fill):
+                if not same_fill(stored[fill.fill_id], fill):
                     raise InvalidRecord(f"fill_id {fill.fill_id} was already recorded with different content")
         new = sorted((f for f in batch if f.fill_id in ledger_ids), key=lambda f: ledger_ids[f.fill_id])
         touched: dict[str, _OrderState] = {}
@@ -486,7 +384,7 @@ class Ledger:
             )
             if row is None:
                 raise StorageError(f"position row {account}/{instrument_id} vanished inside its transaction")
-            state = _position_state(row)
+            state = position_state(row)
             for order, fill, ledger_id in applied:
                 if (order.account, order.instrument_id) == (account, instrument_id):
                     state = apply_fill(
@@ -497,7 +395,7 @@ class Ledger:
                         fee=fill.fee,
                         ledger_id=ledger_id,
                     )
-            _store_position(row, state)
+            store_position(row, state)
 
     def fills(
         self, *, account: str | None = None, after_id: int = 0, limit: int = 10_000
@@ -508,7 +406,7 @@ class Ledger:
             query = select(FillRow).where(FillRow.id > after_id).order_by(FillRow.id).limit(limit)
             if account is not None:
                 query = query.where(FillRow.account == account)
-            return [_fill_record(r) for r in session.scalars(query)]
+            return [fill_record(r) for r in session.scalars(query)]
 
         return self._db.read(work, what="read fills")
 
@@ -530,7 +428,7 @@ class Ledger:
 
         def work(session: Session) -> dict[int, PositionState]:
             rows = session.scalars(select(PositionRow).where(PositionRow.account == account))
-            return {r.instrument_id: _position_state(r) for r in rows}
+            return {r.instrument_id: position_state(r) for r in rows}
 
         return self._db.read(work, what="read positions")
 
@@ -588,9 +486,9 @@ class Ledger:
             if row is None:
                 session.add(PositionRow(**{f: getattr(state, f) for f in PositionState.__struct_fields__}))
                 continue
-            if _position_state(row) != state:
+            if position_state(row) != state:
                 log.warning("position %s/%d disagreed with the fills; repaired", account, instrument_id)
-                _store_position(row, state)
+                store_position(row, state)
         for instrument_id in set(stored) - set(states):
             log.warning("position %s/%d has no fills behind it; removed", account, instrument_id)
             session.delete(stored[instrument_id])
@@ -603,5 +501,5 @@ class Ledger:
         return LedgerState(
             account=account,
             positions=states,
-            open_orders=tuple(_order_record(o) for o in open_orders),
+            open_orders=tuple(order_record(o) for o in open_orders),
         )

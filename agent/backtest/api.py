@@ -3,8 +3,9 @@ baselines, and book the results (what ``tradeagent backtest``, the demo and the 
 evaluation call).
 
 Both modes report from the same books (:func:`agent.backtest.books.bar_pnl` over the fills,
-marked at the bar-close mids) and the trainer's metrics (:func:`agent.train.metrics.performance`:
-Sharpe annualised for the real bar cadence, Sortino, drawdown, turnover, hit rate, costs). The
+marked at the bar-close mids) and the metrics the trainer's gate uses too
+(:func:`agent.backtest.metrics.performance`: Sharpe annualised for the real bar cadence, Sortino,
+drawdown, turnover, hit rate, costs). The
 baselines (flat, random, always long) run through the vectorised driver on the same bars with the
 same costs, one span per instrument over the whole window: always long enters once and holds, as
 the daemon would hold it (a span per chunk would close and reopen it at every chunk edge and
@@ -14,7 +15,10 @@ charge the baseline a round trip each time). Nothing is written here:
 The vectorised driver does not simulate the order-rate limit or the loss and drawdown halt
 (:mod:`agent.backtest.fast`): a ``--fast`` run is replayed through them afterwards and refused
 (:class:`BacktestError`) when one would have acted, and refused up front with limit orders; its
-summary says so (``risk_limits``). The baselines are yardsticks of the market over the window,
+summary says so (``risk_limits``). An ``exact`` request (the trainer's gate) runs the vectorised
+driver with one span per instrument and keeps its result only where it equals the event-driven
+one (those checks pass and no order executes after its instrument's next decision); otherwise
+it replays the window event by event. The baselines are yardsticks of the market over the window,
 not policies the daemon runs: market orders, the position clamp, no halts.
 """
 
@@ -22,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +34,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from agent.backtest.books import BarPnl, bar_pnl
+from agent.backtest.books import BarPnl, DecisionLog, bar_pnl
 from agent.backtest.errors import BacktestError
-from agent.backtest.event import EventDriver, EventRun
+from agent.backtest.event import EventDriver
 from agent.backtest.fast import BarSet, FillList, load_bars, marks_of, regime_path, run_fast
 from agent.backtest.inputs import (
     ResolvedCheckpoint,
@@ -43,20 +45,19 @@ from agent.backtest.inputs import (
     resolve_checkpoint,
     select_days,
 )
+from agent.backtest.metrics import NS_PER_DAY, Performance, performance
+from agent.backtest.runs import run_decider, scratch_ledger
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint
 from agent.policy.regime import RegimeTracker
 from agent.progress import Progress
-from agent.trading.decider import BaselineDecider, ModelDecider
+from agent.trading.config import RiskConfig
+from agent.trading.decider import BASELINES, BaselineDecider
 from agent.trading.risk import first_binding
-from agent.train.baselines import BASELINES
-from agent.train.metrics import NS_PER_DAY, Performance, performance
-from feeds.config import InstrumentSpec
+from feeds.config import FeedsConfig, InstrumentSpec
 from feeds.dbn import dbn_files, read_metadata
 from feeds.errors import UnknownInstrument
 from feeds.features import BarFrame
-from storage.config import StorageConfig
-from storage.schema import open_database
 
 __all__ = ["BacktestRequest", "BacktestResult", "BacktestSummary", "Books", "run_backtest"]
 
@@ -79,6 +80,12 @@ class BacktestRequest:
     fast: bool = False
     chunks: int = FAST_CHUNKS
     """Vectorised driver only: spans per instrument in lockstep (1 = exact event-driven parity)."""
+    exact: bool = False
+    """The event-driven run's result by the quickest exact route (the trainer's gate): the
+    vectorised driver with one span per instrument when it gives the same decisions, fills and
+    P&L (market orders, no risk limit acting, every order executed before its instrument's next
+    decision), else the event-driven replay. ``fast`` and ``chunks`` are not read; the
+    summary's ``mode`` says which driver ran."""
 
 
 class BacktestSummary(msgspec.Struct, kw_only=True):
@@ -162,15 +169,15 @@ class BacktestResult:
     symbols: tuple[str, ...]
 
 
-def _specs(config: Config, data: Path) -> list[InstrumentSpec]:
+def _specs(feeds: FeedsConfig, data: Path) -> list[InstrumentSpec]:
     present: set[str] = set()
     for file in dbn_files(data):
         present.update(read_metadata(file).symbols.values())
-    specs = [s for s in config.feeds.instruments if s.symbol in present or not present]
+    specs = [s for s in feeds.instruments if s.symbol in present or not present]
     if not specs:
         raise UnknownInstrument(
             f"{data}: its symbols ({', '.join(sorted(present))}) are not among the configured instruments "
-            f"({', '.join(s.symbol for s in config.feeds.instruments)})"
+            f"({', '.join(s.symbol for s in feeds.instruments)})"
         )
     return specs
 
@@ -201,30 +208,31 @@ def _baseline(
 ) -> Books:
     """A baseline over the whole window, one span per instrument (see the module docstring)."""
     decider = BaselineDecider(name, len(specs), config.policy.max_contracts, config.seed)
-    _, fills, _ = run_fast(bars, specs, config, decider, regimes, chunks=1)
+    fills = run_fast(bars, specs, config, decider, regimes, chunks=1).fills
     return _books(specs, [bars.frames[s.symbol] for s in specs], fills)
 
 
-def _refuse_binding(config: Config, decisions: dict[str, np.ndarray[Any, Any]], books: Books) -> None:
-    """Refuse a vectorised run in which a limit it does not simulate would have acted: its orders
-    and its equity after each decision (the books' P&L to the bar, the bar's own fill not yet
-    booked, as the daemon sees it when it checks) through :func:`first_binding`."""
+def _binding(risk: RiskConfig, decisions: dict[str, np.ndarray[Any, Any]], books: Books) -> str | None:
+    """Why a vectorised run cannot stand, if a limit it does not simulate would have acted: its
+    orders and its equity after each decision (the books' P&L to the bar, the bar's own fill not
+    yet booked, as the daemon sees it when it checks) through :func:`first_binding`."""
     order = np.argsort(books.ts_ns, kind="stable")
     equity = np.cumsum(books.pnl[order]) + books.cost[order]
     ordered = decisions["ordered"].astype(bool)
     binding = first_binding(
-        config.risk,
+        risk,
         order_ns=decisions["ts_ns"][ordered].astype(np.int64),
         check_ns=books.ts_ns[order],
         equity=equity,
     )
-    if binding is not None:
-        at, reason = binding
-        raise BacktestError(
-            f"the risk limits would have acted at {ns_iso(at)} ({reason}); the vectorised driver "
-            "does not simulate the order-rate limit or the loss and drawdown halt: run the "
-            "event-driven backtest (without --fast), or loosen [risk]"
-        )
+    if binding is None:
+        return None
+    at, reason = binding
+    return (
+        f"the risk limits would have acted at {ns_iso(at)} ({reason}); the vectorised driver "
+        "does not simulate the order-rate limit or the loss and drawdown halt: run the "
+        "event-driven backtest (without --fast), or loosen [risk]"
+    )
 
 
 def _latency(values_ns: np.ndarray[Any, Any]) -> dict[str, float]:
@@ -233,6 +241,22 @@ def _latency(values_ns: np.ndarray[Any, Any]) -> dict[str, float]:
     us = values_ns / 1e3
     p50, p90, p99 = np.percentile(us, [50, 90, 99])
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(us.max())}
+
+
+@dataclass(frozen=True)
+class _Driven:
+    """What a driver produced: its decisions, fills and each instrument's bars, the counts the
+    summary reports and the decision latencies; the event driver's ledger P&L and risk halt."""
+
+    mode: str
+    log: DecisionLog
+    fills: FillList
+    frames: list[BarFrame]
+    counts: dict[str, int]
+    latency_ns: np.ndarray[Any, Any]
+    ledger_pnl: float | None = None
+    halt_reason: str = ""
+    halt_at: str = ""
 
 
 def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -> BacktestResult:
@@ -247,58 +271,44 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
     )
     checkpoint = resolved.checkpoint
     check_compatible(checkpoint)
-    if request.fast and config.broker.order_type == "limit":
+    if request.fast and not request.exact and config.broker.order_type == "limit":
         raise BacktestError(
             'broker.order_type = "limit": the vectorised driver sends market orders only (resting '
             "limit orders need the book's queue, record by record); run without --fast"
         )
-    specs = _specs(config, request.data)
+    specs = _specs(config.feeds, request.data)
     floors = [resolved.floors.get(s.instrument_id, 0.0) for s in specs]
     progress.start("bars", 1)
-    bars = load_bars(request.data, specs, config, start_ns=selection.start_ns, end_ns=selection.end_ns)
+    bars = load_bars(request.data, specs, config.feeds, start_ns=selection.start_ns, end_ns=selection.end_ns)
     progress.advance("bars")
     frames = [bars.frames[s.symbol] for s in specs]
     # The regime path feeds the vectorised driver's decisions; the baselines do not read it.
+    fast = config.broker.order_type == "market" if request.exact else request.fast
     regimes = (
         regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, floors))
-        if request.fast
+        if fast
         else [np.ones(len(f)) for f in frames]
     )
-    tick_values = [s.tick_value for s in specs]
     n_records = int(bars.records.shape[0])
-    ledger_pnl: float | None = None
-    halt_reason = halt_at = ""
-    counts: dict[str, int] = {}
-    if request.fast:
-        chunks = max(1, request.chunks)
-        decider = ModelDecider(
-            checkpoint,
-            config.policy,
-            [v for v in tick_values for _ in range(chunks)],
-            config.device,
-            fee_per_contract=config.broker.fee_per_contract,
-            max_batch=len(specs) * chunks,
-            cpu_threads=config.train.cpu_threads,
+    driven: _Driven | None = None
+    if fast:
+        chunks = 1 if request.exact else max(1, request.chunks)
+        driven = _fast(
+            config, specs, chunks, checkpoint=checkpoint, bars=bars, regimes=regimes, progress=progress
         )
-        progress.start("fast", 100)
-        done = [0]
-
-        def step(k: int, total: int) -> None:
-            pct = k * 100 // total
-            if pct > done[0]:
-                progress.advance("fast", pct - done[0])
-                done[0] = pct
-
-        try:
-            log, fills, per_row_s = run_fast(
-                bars, specs, config, decider, regimes, chunks=chunks, on_step=step
+        books = _books(specs, driven.frames, driven.fills)
+        decisions = driven.log.arrays()
+        refusal = _binding(config.risk, decisions, books)
+        if refusal is None and request.exact and driven.counts["late_orders"]:
+            refusal = (
+                f"{driven.counts['late_orders']} orders would execute after their instrument's next decision"
             )
-        finally:
-            decider.close()
-        latency_ns = np.full(1, per_row_s * 1e9)
-        counts = {"orders": int(log.arrays()["ordered"].astype(bool).sum()), "fills": len(fills.bar)}
-    else:
-        run, frames = _event(
+        if refusal is not None and not request.exact:
+            raise BacktestError(refusal)
+        if refusal is not None:
+            driven = None
+    if driven is None:
+        driven = _event(
             config,
             request,
             specs,
@@ -309,14 +319,8 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
             n_records=n_records,
             progress=progress,
         )
-        log, fills, ledger_pnl, counts = run.log, run.fills, run.ledger_pnl, run.counts
-        latency_ns = np.asarray(run.latency_ns, dtype=np.float64)
-        halt_reason = run.halt_reason
-        halt_at = ns_iso(run.halt_ns) if run.halt_ns is not None else ""
-    books = _books(specs, frames, fills)
-    decisions = log.arrays()
-    if request.fast:
-        _refuse_binding(config, decisions, books)
+        books = _books(specs, driven.frames, driven.fills)
+        decisions = driven.log.arrays()
     progress.start("baselines", len(BASELINES))
     base: dict[str, Books] = {}
     for name in BASELINES:
@@ -334,7 +338,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
     wall = time.perf_counter() - wall0
     performance_all = books.performance(bucket)
     summary = BacktestSummary(
-        mode="fast" if request.fast else "event",
+        mode=driven.mode,
         pnl=performance_all.pnl,
         checkpoint_sha256=checkpoint.sha256,
         data=str(request.data),
@@ -344,10 +348,10 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         last_day=str(selection.last_day),
         instruments=[s.symbol for s in specs],
         records=n_records,
-        bars=int(sum(len(f) for f in frames)),
+        bars=int(sum(len(f) for f in driven.frames)),
         decisions=int(valid.sum()),
-        orders=int(counts.get("orders", 0)),
-        fills=len(fills.bar),
+        orders=int(driven.counts.get("orders", 0)),
+        fills=len(driven.fills.bar),
         performance=performance_all,
         per_instrument={
             s.symbol: books.performance(bucket, books.instrument == i) for i, s in enumerate(specs)
@@ -355,17 +359,17 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         per_day=per_day,
         baselines={k: v.performance(bucket) for k, v in base.items()},
         action_mix={"short": float(mix[0]), "flat": float(mix[1]), "long": float(mix[2])},
-        latency_us=_latency(np.asarray(latency_ns, dtype=np.float64)),
-        ledger_pnl=ledger_pnl,
-        risk_limits="not binding" if request.fast else "enforced",
+        latency_us=_latency(driven.latency_ns),
+        ledger_pnl=driven.ledger_pnl,
+        risk_limits="not binding" if driven.mode == "fast" else "enforced",
         health={
             "episodes": int(sum(bars.health_episodes.values())),
             "rejected_records": bars.rejected_records,
-            "untradable_bars": int(sum(int((~f.tradable).sum()) for f in frames)),
-            **{k: v for k, v in counts.items() if k not in ("orders", "fills")},
+            "untradable_bars": int(sum(int((~f.tradable).sum()) for f in driven.frames)),
+            **{k: v for k, v in driven.counts.items() if k not in ("orders", "fills")},
         },
-        halt_reason=halt_reason,
-        halt_at=halt_at,
+        halt_reason=driven.halt_reason,
+        halt_at=driven.halt_at,
         wall_s=wall,
         records_per_s=n_records / wall if wall > 0 else 0.0,
     )
@@ -374,8 +378,48 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         books=books,
         baselines=base,
         decisions=decisions,
-        latency_ns=np.asarray(latency_ns, dtype=np.float64),
+        latency_ns=driven.latency_ns,
         symbols=tuple(s.symbol for s in specs),
+    )
+
+
+def _fast(
+    config: Config,
+    specs: list[InstrumentSpec],
+    chunks: int,
+    *,
+    checkpoint: Checkpoint,
+    bars: BarSet,
+    regimes: list[Any],
+    progress: Progress,
+) -> _Driven:
+    """The vectorised run, ``chunks`` spans per instrument in lockstep; its latency is the
+    amortised one per decision row."""
+    decider = run_decider(checkpoint, config, specs, chunks)
+    progress.start("fast", 100)
+    done = [0]
+
+    def step(k: int, total: int) -> None:
+        pct = k * 100 // total
+        if pct > done[0]:
+            progress.advance("fast", pct - done[0])
+            done[0] = pct
+
+    try:
+        run = run_fast(bars, specs, config, decider, regimes, chunks=chunks, on_step=step)
+    finally:
+        decider.close()
+    return _Driven(
+        mode="fast",
+        log=run.log,
+        fills=run.fills,
+        frames=[bars.frames[s.symbol] for s in specs],
+        counts={
+            "orders": int(run.log.arrays()["ordered"].astype(bool).sum()),
+            "fills": len(run.fills.bar),
+            "late_orders": run.late_orders,
+        },
+        latency_ns=np.full(1, run.per_row_s * 1e9),
     )
 
 
@@ -390,35 +434,18 @@ def _event(
     end_ns: int,
     n_records: int,
     progress: Progress,
-) -> tuple[EventRun, list[BarFrame]]:
-    """The event-driven run with its throwaway SQLite ledger (deleted afterwards), and each
-    instrument's bars."""
-    decider = ModelDecider(
-        checkpoint,
-        config.policy,
-        [s.tick_value for s in specs],
-        config.device,
-        fee_per_contract=config.broker.fee_per_contract,
-        max_batch=len(specs),
-        cpu_threads=config.train.cpu_threads,
-    )
-    # The throwaway ledger lives in memory-backed storage where there is one: its commits are
-    # real transactions, but an fsync there costs nothing (the file is deleted afterwards).
-    shm = Path("/dev/shm")
-    scratch = Path(tempfile.mkdtemp(prefix="tradeagent-backtest-", dir=shm if shm.is_dir() else None))
+) -> _Driven:
+    """The event-driven run with its throwaway SQLite ledger (deleted afterwards)."""
+    decider = run_decider(checkpoint, config, specs)
     progress.start("replay", n_records)
     try:
-        database = open_database(StorageConfig(sqlite_synchronous="normal"), scratch)
-        try:
+        with scratch_ledger("tradeagent-backtest-") as database:
             driver = EventDriver(
                 config, specs, decider, database, floors, on_records=lambda n: progress.advance("replay", n)
             )
             run = asyncio.run(driver.replay(request.data, start_ns, end_ns))
-        finally:
-            database.close()
     finally:
         decider.close()
-        shutil.rmtree(scratch, ignore_errors=True)
     frames = [
         BarFrame.concat(run.frames[s.symbol])
         if run.frames[s.symbol]
@@ -427,4 +454,14 @@ def _event(
     ]
     if not any(len(f) for f in frames):
         raise BacktestError(f"{request.data}: the replay closed no bar in the selected dates")
-    return run, frames
+    return _Driven(
+        mode="event",
+        log=run.log,
+        fills=run.fills,
+        frames=frames,
+        counts=run.counts,
+        latency_ns=np.asarray(run.latency_ns, dtype=np.float64),
+        ledger_pnl=run.ledger_pnl,
+        halt_reason=run.halt_reason,
+        halt_at=ns_iso(run.halt_ns) if run.halt_ns is not None else "",
+    )

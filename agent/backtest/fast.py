@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,20 +49,21 @@ from agent.execution.fills import (
     execution_price,
     execution_rows,
     fees,
+    late_executions,
     walk_book,
 )
+from agent.policy.observation import observation_rows
 from agent.policy.regime import RegimeTracker
 from agent.trading.decider import Decider
-from agent.trading.observation import observation_rows
 from agent.trading.risk import RiskLimits
 from feeds.book import tick_fixed
-from feeds.config import InstrumentSpec
+from feeds.config import FeedsConfig, InstrumentSpec
 from feeds.dbn import iter_mbp10
 from feeds.dbn.framing import MBP10_SIZE
 from feeds.features import FEATURE_NAMES, BarFrame, compute_all
 from feeds.records import LEVELS, MBP10_DTYPE, PRICE_SCALE
 
-__all__ = ["BarSet", "FillList", "load_bars", "marks_of", "regime_path", "run_fast"]
+__all__ = ["BarSet", "FastRun", "FillList", "load_bars", "marks_of", "regime_path", "run_fast"]
 
 _LOGRET = FEATURE_NAMES.index("mid_logret")
 _LEVEL_FIELDS = {
@@ -82,13 +83,14 @@ class BarSet:
 
 
 def load_bars(
-    path: str | Path, specs: Sequence[InstrumentSpec], config: Config, start_ns: int, end_ns: int
+    path: str | Path, specs: Sequence[InstrumentSpec], feeds: FeedsConfig, start_ns: int, end_ns: int
 ) -> BarSet:
-    """Bars and features of ``specs`` from the records of ``path`` in ``[start_ns, end_ns)``."""
+    """Bars and features of ``specs`` from the records of ``path`` in ``[start_ns, end_ns)``, on
+    the ``[feeds]`` bar clock and health rules."""
     records = _read_window(path, start_ns, end_ns)
     if records.shape[0] == 0:
         raise BacktestError(f"{path}: no MBP-10 records between the selected dates")
-    result = compute_all(records, specs, config.feeds.bars, config.feeds.health)
+    result = compute_all(records, specs, feeds.bars, feeds.health)
     empty = [s.symbol for s in specs if len(result.frames[s.symbol]) == 0]
     if empty:
         raise BacktestError(f"{path}: no bars for {', '.join(empty)} in the selected dates")
@@ -169,6 +171,56 @@ def _spans(n_bars: int, chunks: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in itertools.pairwise(edges.tolist()) if b > a]
 
 
+class FastRun(NamedTuple):
+    """What :func:`run_fast` produced."""
+
+    log: DecisionLog
+    fills: FillList
+    per_row_s: float
+    """Wall seconds spent in decisions per decision row (the amortised latency)."""
+    late_orders: int
+    """Orders that execute after their instrument's next decision (:func:`late_executions`):
+    the event-driven driver decides that bar before the fill, this driver after it. With one
+    span per instrument and none late (and no risk limit acting), both drivers agree exactly."""
+
+
+class _Columns(NamedTuple):
+    """The instruments' bars concatenated (``offsets[i] + bar`` indexes them), with each bar's
+    execution record and whether its order would be late (:func:`late_executions`)."""
+
+    offsets: np.ndarray[Any, Any]
+    features: np.ndarray[Any, Any]
+    tradable: np.ndarray[Any, Any]
+    mid_ticks: np.ndarray[Any, Any]
+    ts_close: np.ndarray[Any, Any]
+    exec_index: np.ndarray[Any, Any]
+    late: np.ndarray[Any, Any]
+    orderable: np.ndarray[Any, Any]
+    """Bars closed together by one record (a gap closes empty bars too): only the last may
+    trade, as in the daemon. An empty bar (no record) was closed by the record that closed the
+    one before."""
+
+
+def _columns(
+    bars: BarSet, specs: Sequence[InstrumentSpec], frames: Sequence[BarFrame], latency_ms: float
+) -> _Columns:
+    pairs = list(zip(specs, frames, strict=True))
+    return _Columns(
+        offsets=np.concatenate([[0], np.cumsum([len(f) for f in frames])]).astype(np.int64),
+        features=np.concatenate([f.features for f in frames]),
+        tradable=np.concatenate([f.tradable for f in frames]),
+        mid_ticks=np.concatenate([f.mid_ticks for f in frames]).astype(np.float64),
+        ts_close=np.concatenate([f.ts_close for f in frames]),
+        exec_index=np.concatenate(
+            [execution_rows(bars.records, s.instrument_id, f.close_index, latency_ms) for s, f in pairs]
+        ),
+        late=np.concatenate(
+            [late_executions(bars.records, s.instrument_id, f.close_index, latency_ms) for s, f in pairs]
+        ),
+        orderable=np.concatenate([np.r_[f.n_records[1:] > 0, True] for f in frames]),
+    )
+
+
 def run_fast(
     bars: BarSet,
     specs: Sequence[InstrumentSpec],
@@ -178,9 +230,8 @@ def run_fast(
     *,
     chunks: int,
     on_step: Callable[[int, int], None] | None = None,
-) -> tuple[DecisionLog, FillList, float]:
-    """Run ``decider`` over every bar; returns the decisions, the fills and the wall seconds spent
-    in decisions per decision row (the amortised latency).
+) -> FastRun:
+    """Run ``decider`` over every bar.
 
     ``decider`` must serve ``len(specs) * chunks`` slots (slot = instrument * chunks + span).
     ``on_step(done, total)`` reports progress.
@@ -195,22 +246,16 @@ def run_fast(
         for c, (a, b) in enumerate(_spans(len(frame), chunks)):
             slots.append((i * chunks + c, i, a if c == 0 else max(0, a - (window - 1)), a, b))
     slot_id, inst, lo, start, hi = (np.asarray(col, dtype=np.int64) for col in zip(*slots, strict=True))
-    # The instruments' bars concatenated; ``offsets[i] + bar`` indexes them.
-    offsets = np.concatenate([[0], np.cumsum(n_bars)]).astype(np.int64)
-    feats = np.concatenate([f.features for f in frames])
-    tradable = np.concatenate([f.tradable for f in frames])
-    mid_ticks = np.concatenate([f.mid_ticks for f in frames]).astype(np.float64)
-    ts_close = np.concatenate([f.ts_close for f in frames])
-    exec_index = np.concatenate(
-        [
-            execution_rows(bars.records, s.instrument_id, f.close_index, config.broker.latency_ms)
-            for s, f in zip(specs, frames, strict=True)
-        ]
+    cols = _columns(bars, specs, frames, config.broker.latency_ms)
+    offsets, feats, tradable, mid_ticks, ts_close = (
+        cols.offsets,
+        cols.features,
+        cols.tradable,
+        cols.mid_ticks,
+        cols.ts_close,
     )
+    late_orders = 0
     regime = np.concatenate(list(regimes))
-    # Bars closed together by one record (a gap closes empty bars too): only the last may trade,
-    # as in the daemon. An empty bar (no record) was closed by the record that closed the one before.
-    orderable = np.concatenate([np.r_[f.n_records[1:] > 0, True] for f in frames])
     tick_px = np.asarray([float(tick_fixed(s.tick_size)) for s in specs])
     fee = config.broker.fee_per_contract
     risk = RiskLimits(config.risk)
@@ -246,7 +291,7 @@ def run_fast(
         target = risk.clamp_targets(decided.target)
         closing = (bar == hi[active] - 1) & (hi[active] < n_bars[who_inst])
         target = np.where(closing, 0, target)  # a span before the last one ends flat
-        trade = live & (decided.valid | closing) & tradable[g] & orderable[g] & (target != pos)
+        trade = live & (decided.valid | closing) & tradable[g] & cols.orderable[g] & (target != pos)
         log.add(
             ts_ns=ts_close[g][live],
             instrument=who_inst[live],
@@ -257,9 +302,10 @@ def run_fast(
             ordered=trade[live],
         )
         if trade.any():
+            late_orders += int(cols.late[g[trade]].sum())
             held = _execute(
                 records=bars.records,
-                rows=exec_index[g[trade]],
+                rows=cols.exec_index[g[trade]],
                 qty=(target - pos)[trade].astype(np.float64),
                 slots=active[trade],
                 held=held,
@@ -272,7 +318,7 @@ def run_fast(
             )
         if on_step is not None:
             on_step(step + 1, steps)
-    return log, fills, spent / max(rows_decided, 1)
+    return FastRun(log, fills, spent / max(rows_decided, 1), late_orders)
 
 
 def _execute(

@@ -23,8 +23,8 @@ from pathlib import Path
 from agent.backtest.errors import BacktestError
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes
 from agent.model.errors import ModelError
-from agent.train.env import AGENT_FEATURES
-from agent.train.floors import VOL_REF_FLOOR
+from agent.policy.floors import VOL_REF_FLOOR
+from agent.policy.observation import AGENT_FEATURES
 from feeds.config import FeedsConfig
 from feeds.dbn import DBNInfo, dbn_files, read_metadata
 from feeds.errors import FeedError

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import resource
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -37,18 +36,16 @@ from rich.progress import Progress
 
 from agent.backtest.event import EventDriver
 from agent.backtest.fast import load_bars, regime_path, run_fast
+from agent.backtest.runs import run_decider, scratch_ledger
 from agent.bench.feed import feed_file, write_records
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.params import init_params
+from agent.policy.observation import AGENT_FEATURES
 from agent.policy.regime import RegimeTracker
-from agent.trading.decider import ModelDecider
-from agent.train.env import AGENT_FEATURES
 from feeds.dbn import iter_mbp10
 from feeds.dbn.framing import concat_mbp10
 from feeds.features import FEATURE_NAMES
-from storage.config import StorageConfig
-from storage.schema import open_database
 
 __all__ = ["add_arguments", "run"]
 
@@ -83,20 +80,12 @@ def _checkpoint(config: Config) -> Checkpoint:
 def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tuple[float, int, int]:
     specs = list(config.feeds.instruments)
     start = time.perf_counter()
-    bars = load_bars(path, specs, config, start_ns=0, end_ns=2**62)
+    bars = load_bars(path, specs, config.feeds, start_ns=0, end_ns=2**62)
     frames = [bars.frames[s.symbol] for s in specs]
     regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, [0.0] * len(specs)))
-    decider = ModelDecider(
-        checkpoint,
-        config.policy,
-        [s.tick_value for s in specs for _ in range(chunks)],
-        config.device,
-        fee_per_contract=config.broker.fee_per_contract,
-        max_batch=len(specs) * chunks,
-        cpu_threads=config.train.cpu_threads,
-    )
+    decider = run_decider(checkpoint, config, specs, chunks)
     try:
-        log, _, _ = run_fast(bars, specs, config, decider, regimes, chunks=chunks)
+        log = run_fast(bars, specs, config, decider, regimes, chunks=chunks).log
     finally:
         decider.close()
     elapsed = time.perf_counter() - start
@@ -105,29 +94,15 @@ def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tu
 
 def _event(path: Path, config: Config, checkpoint: Checkpoint) -> tuple[float, int, int]:
     specs = list(config.feeds.instruments)
-    shm = Path("/dev/shm")
-    scratch = Path(tempfile.mkdtemp(prefix="tradeagent-bench-", dir=shm if shm.is_dir() else None))
-    decider = ModelDecider(
-        checkpoint,
-        config.policy,
-        [s.tick_value for s in specs],
-        config.device,
-        fee_per_contract=config.broker.fee_per_contract,
-        max_batch=len(specs),
-        cpu_threads=config.train.cpu_threads,
-    )
+    decider = run_decider(checkpoint, config, specs)
     try:
-        database = open_database(StorageConfig(sqlite_synchronous="normal"), scratch)
-        try:
+        with scratch_ledger("tradeagent-bench-") as database:
             driver = EventDriver(config, specs, decider, database, [0.0] * len(specs))
             start = time.perf_counter()
             run = asyncio.run(driver.replay(path, 0, 2**62))
             elapsed = time.perf_counter() - start
-        finally:
-            database.close()
     finally:
         decider.close()
-        shutil.rmtree(scratch, ignore_errors=True)
     return run.records / elapsed, run.records, int(run.log.arrays()["ts_ns"].size)
 
 

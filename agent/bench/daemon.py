@@ -60,7 +60,7 @@ from agent.gpu.engine import InferenceEngine
 from agent.model.checkpoint import checkpoint_to_bytes
 from agent.model.config import ModelConfig
 from agent.model.params import init_params, layout_fingerprint, param_shapes
-from agent.train.env import AGENT_FEATURES
+from agent.policy.observation import AGENT_FEATURES
 from feeds.config import InstrumentSpec, SynthConfig
 from feeds.dbn import read_mbp10, write_mbp10
 from feeds.features import FEATURE_NAMES

@@ -38,11 +38,12 @@ from agent.config import Config
 from agent.errors import CommandError
 from agent.gpu.backend import select_backend
 from agent.model import init_params
+from agent.policy.observation import AGENT_FEATURES
 from agent.train.cuda_learner import fused_fits, select_learner
 from agent.train.data import load_archive, select_instruments
-from agent.train.env import AGENT_FEATURES, InstrumentBars, VecEnv, build_env_data, fit_norm
+from agent.train.env import InstrumentBars, VecEnv, build_env_data, fit_norm
 from agent.train.replay import NStepBuffer, Replay
-from agent.train.run import TrainRequest, run_training
+from agent.train.walkforward import TrainRequest, run_training
 from feeds.config import SynthConfig
 from feeds.features import FEATURE_NAMES
 from feeds.synth import write_synthetic

@@ -56,8 +56,9 @@ from agent.control.errors import ControlError
 from agent.errors import CommandError
 from agent.reports.backtest import write_backtest
 from agent.reports.page import write_atomic
-from agent.train.report import write_report
-from agent.train.run import TrainRequest, TrainSummary, run_training
+from agent.reports.training import write_report
+from agent.train.summary import TrainSummary
+from agent.train.walkforward import TrainRequest, run_training
 from feeds.config import InstrumentSpec
 from feeds.natsd import NatsServer, NatsServerUnavailable
 from feeds.sources import config_symbols
@@ -317,38 +318,32 @@ def _paper(
     return {"status": status, "config": str(toml), "daemon_log": str(daemon_log), "relay_log": str(relay_log)}
 
 
-def _run(args: argparse.Namespace) -> int:
-    base = load_config(args.config)
-    profile = _QUICK if args.quick else _FULL
+def _profile(args: argparse.Namespace) -> _Profile:
+    """``--quick`` or the full profile, with the options given on the command line."""
     changes = {
         k: v
         for k, v in (("days", args.days), ("paper_seconds", args.paper_seconds), ("pace", args.pace))
         if v is not None
     }
-    profile = msgspec.structs.replace(profile, **changes)
+    profile = msgspec.structs.replace(_QUICK if args.quick else _FULL, **changes)
     if profile.days < 2:
         raise CommandError("--days must be at least 2 (one to train on, the last one held out)")
     if profile.paper_seconds <= 0 or profile.pace <= 0:
         raise CommandError("--paper-seconds and --pace must be > 0")
-    out = output_dir("--out", Path(args.out).resolve())
-    config = demo_config(base, out, profile)
-    if args.device:
-        config = msgspec.structs.replace(config, device=args.device)
-    seed = config.seed if args.seed is None else args.seed
-    config = msgspec.structs.replace(config, seed=seed)
-    console = Console(stderr=True)
-    started = time.monotonic()
+    return profile
 
-    console.rule("1/4 synthesise a week of MBP-10 data with a planted signal")
-    data = out / "data"
-    synth = msgspec.structs.replace(config.synth, days=profile.days)
+
+def _synthesise(config: Config, out: Path, days: int, console: Console) -> tuple[Path, Path]:
+    """Step 1: ``days`` days of synthetic data under ``out``; the directory holding all of them
+    but the last (the training days, as links) and the last one (held out)."""
+    synth = msgspec.structs.replace(config.synth, days=days)
     with RichProgress(console) as progress:
-        progress.start("synthesise", profile.days)
+        progress.start("synthesise", days)
         files = write_synthetic(
-            data,
+            out / "data",
             instruments=config.feeds.instruments,
             synth=synth,
-            seed=seed,
+            seed=config.seed,
             on_day=lambda _day, _n: progress.advance("synthesise"),
         )
     files = sorted(files)
@@ -358,9 +353,25 @@ def _run(args: argparse.Namespace) -> int:
         old.unlink()
     for file in files[:-1]:
         (train_dir / file.name).symlink_to(file)
-    held_out = files[-1]
+    return train_dir, files[-1]
 
-    console.rule(f"2/4 walk-forward training on {len(files) - 1} days, then the promotion gates")
+
+def _run(args: argparse.Namespace) -> int:
+    base = load_config(args.config)
+    profile = _profile(args)
+    out = output_dir("--out", Path(args.out).resolve())
+    config = demo_config(base, out, profile)
+    if args.device:
+        config = msgspec.structs.replace(config, device=args.device)
+    if args.seed is not None:
+        config = msgspec.structs.replace(config, seed=args.seed)
+    console = Console(stderr=True)
+    started = time.monotonic()
+
+    console.rule("1/4 synthesise a week of MBP-10 data with a planted signal")
+    train_dir, held_out = _synthesise(config, out, profile.days, console)
+
+    console.rule(f"2/4 walk-forward training on {profile.days - 1} days, then the promotion gates")
     reports = out / "reports"
     with RichProgress(console) as progress:
         trained = run_training(config, TrainRequest(data=train_dir, promote=True), progress)

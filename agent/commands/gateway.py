@@ -71,5 +71,10 @@ async def _serve(config: Config) -> int:
             await source.stop()
         server.close()
         ctx.destroy(linger=0)
-    log.info("gateway stopped (%d records seen, %d invalid frames)", server.records, server.invalid_frames)
+    log.info(
+        "gateway stopped (%d records seen, %d orders and cancels, %d invalid frames)",
+        server.records,
+        server.requests,
+        server.invalid_frames,
+    )
     return 0

@@ -1,7 +1,7 @@
 """Progress bars of the long-running commands: rich bars on stderr, one per named phase.
 
 :class:`RichProgress` satisfies the runners' ``Progress`` protocol (``start(name, total)``,
-``advance(name, amount)``) of :mod:`agent.train.run` and :mod:`agent.backtest.api`.
+``advance(name, amount)``) of :mod:`agent.train.walkforward` and :mod:`agent.backtest.api`.
 """
 
 from __future__ import annotations

@@ -10,18 +10,14 @@ rest is redelivered when it restarts (see :mod:`feeds.recorder`).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
+from agent.commands.feed_job import report, run_feed_job
 from agent.commands.outputs import output_dir
-from agent.commands.relay import progress_display, run_until_signalled
 from agent.config import load_config
-from feeds.recorder import Recorder, RecorderCounters
+from feeds.recorder import Recorder
 
 __all__ = ["register"]
 
@@ -45,19 +41,6 @@ def _run(args: argparse.Namespace) -> int:
     out = output_dir("--out", args.out or feeds.recorder.out_dir or Path(config.data_dir) / "recordings")
     recorder = Recorder(feeds, out)
 
-    async def main(stop: asyncio.Event) -> dict[str, Any]:
-        with progress_display() as progress:
-            task = progress.add_task(f"record -> {out}", status="")
-
-            def show(counters: RecorderCounters) -> None:
-                progress.update(task, status=f"{counters.records_written:,} records written")
-
-            counters = await recorder.run(stop, show)
-        return {**counters.snapshot(), "source": recorder.source.counters.snapshot()}
-
-    result = run_until_signalled(main)
-    if args.json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        print(f"recorded {result['records_written']:,} records into {out}", file=sys.stderr)
+    result = run_feed_job(recorder, f"record -> {out}", lambda c: f"{c.records_written:,} records written")
+    report(result, as_json=args.json, line=f"recorded {result['records_written']:,} records into {out}")
     return 0

@@ -12,23 +12,17 @@ counters are printed on stdout as one JSON object.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import signal
-import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from agent.commands.feed_job import report, run_feed_job
 from agent.config import Config, load_config
 from agent.errors import CommandError
-from feeds.relay import Relay, RelayCounters
+from feeds.relay import Relay
 from feeds.sources import build_source, config_symbols
 
-__all__ = ["progress_display", "register", "run_until_signalled"]
+__all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,48 +37,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--nats-url", help="NATS server (default: feeds.source.nats_url)")
     parser.add_argument("--json", action="store_true", help="print the final counters as one JSON object")
     parser.set_defaults(func=_run)
-
-
-def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-    """Run ``main(stop)`` on a new event loop; SIGTERM or SIGINT sets ``stop`` (a clean end:
-    flush, acknowledge, exit 0), a second one cancels ``main`` (KeyboardInterrupt-like exit)."""
-
-    async def runner() -> dict[str, Any]:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-
-        def on_signal() -> None:
-            if stop.is_set():  # a second signal: stop waiting for a clean end
-                task.cancel()
-            stop.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        try:
-            return await main(stop)
-        except asyncio.CancelledError:
-            if stop.is_set():
-                raise KeyboardInterrupt from None  # the CLI reports "interrupted", exit 130
-            raise
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-
-    return asyncio.run(runner())
-
-
-def progress_display() -> Progress:
-    """A counter-style progress display on stderr (the total is unknown)."""
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
 
 
 def _configure(args: argparse.Namespace) -> Config:
@@ -117,24 +69,18 @@ def _run(args: argparse.Namespace) -> int:
         config=feeds.relay,
     )
 
-    async def main(stop: asyncio.Event) -> dict[str, Any]:
-        with progress_display() as progress:
-            task = progress.add_task(f"relay {relay.source.name}", status="")
-
-            def show(counters: RelayCounters) -> None:
-                progress.update(task, status=f"{counters.records:,} records, {counters.messages:,} messages")
-
-            counters = await relay.run(stop, show)
-        return {**counters.snapshot(), "source": relay.source.counters.snapshot()}
-
-    result = run_until_signalled(main)
-    if args.json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        print(
+    result = run_feed_job(
+        relay,
+        f"relay {relay.source.name}",
+        lambda c: f"{c.records:,} records, {c.messages:,} messages",
+    )
+    report(
+        result,
+        as_json=args.json,
+        line=(
             f"relayed {result['records']:,} records in {result['messages']:,} messages "
             f"({result['skipped_records']:,} already in the stream, {result['unknown_records']:,} "
-            f"without a symbol, {result['retries']:,} retries)",
-            file=sys.stderr,
-        )
+            f"without a symbol, {result['retries']:,} retries)"
+        ),
+    )
     return 0

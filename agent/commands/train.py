@@ -30,9 +30,10 @@ from agent.commands.progress import RichProgress
 from agent.config import Config, load_config
 from agent.errors import CommandError
 from agent.reports.page import write_atomic
+from agent.reports.training import write_report
 from agent.train.errors import IncumbentUnusable, TrainTimeout
-from agent.train.report import write_report
-from agent.train.run import TrainRequest, TrainSummary, run_training
+from agent.train.summary import TrainSummary
+from agent.train.walkforward import TrainRequest, run_training
 from storage import CheckpointStore
 
 __all__ = ["register", "symbols_of"]

@@ -298,7 +298,8 @@ class Daemon(Component):
             self._backlog.close()
             raise
 
-    async def _compose(self) -> None:
+    # Long by nature: a linear composition, each part built from those before it, in start order.
+    async def _compose(self) -> None:  # noqa: PLR0915
         """Build and start the parts in order; each one's release goes on the stack first."""
         cfg, stack, session = self._config, self._stack, self._session
         metrics, events, symbols = self._metrics, self._events, self._symbols

@@ -39,8 +39,8 @@ from agent.errors import AgentError
 from agent.execution.orders import OpenOrder, OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import NewOrder
+from agent.policy.floors import VOL_REF_FLOOR
 from agent.trading.risk import HaltKind, Halts
-from agent.train.floors import VOL_REF_FLOOR
 from feeds.config import InstrumentSpec
 from feeds.records import PRICE_SCALE
 from storage.config import StorageConfig

@@ -67,6 +67,8 @@ class GatewayServer:
         self._peers: dict[bytes, str] = {}
         self._sock: zmq.asyncio.Socket | None = None
         self.invalid_frames = 0
+        self.requests = 0
+        """Orders and cancels received (valid ones, from a client that said Hello)."""
         self.records = 0
         self._feed_clock_ns = 0
         self._feed_wall_ns = 0
@@ -144,6 +146,7 @@ class GatewayServer:
             log.warning("gateway: %s before Hello; ignored", type(message).__name__)
             return
         account = self._accounts[name]
+        self.requests += 1
         if isinstance(message, NewOrder):
             reports = account.broker.submit(message)
         else:

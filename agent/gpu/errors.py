@@ -3,29 +3,28 @@
 AgentError
  +-- GpuError                  base of this package's errors
       +-- DeviceUnavailable    ``device = "cuda"`` but no usable CUDA device: fix the install or config
-      +-- KernelCompileError   a CUDA source does not compile (a bug or a toolchain mismatch)
       +-- InferenceError       a decision could not be made (bad call or a device failure): stop
       |                        new orders, keep state, report
       +-- ModelLoadError       a checkpoint cannot be served; the running model is untouched
+
+A CUDA source that does not compile is :class:`agent.kernels.errors.KernelCompileError`, raised
+by the kernel loader; the engine reports it as the :class:`ModelLoadError` of the checkpoint it
+was building for.
 """
 
 from __future__ import annotations
 
 from agent.errors import AgentError
 
-__all__ = ["DeviceUnavailable", "GpuError", "InferenceError", "KernelCompileError", "ModelLoadError"]
+__all__ = ["DeviceUnavailable", "GpuError", "InferenceError", "ModelLoadError"]
 
 
 class GpuError(AgentError):
-    """Base of the errors of ``agent.gpu`` and ``agent.kernels``."""
+    """Base of the errors of ``agent.gpu``."""
 
 
 class DeviceUnavailable(GpuError):
     """A CUDA device was required but none is usable; the message says how to fix it."""
-
-
-class KernelCompileError(GpuError):
-    """A kernel source failed to compile; the message carries NVRTC's log."""
 
 
 class InferenceError(GpuError):

@@ -16,7 +16,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from agent.gpu.errors import KernelCompileError
+from agent.kernels.errors import KernelCompileError
 
 __all__ = ["KERNEL_DIR", "cupy", "kernel"]
 

@@ -241,6 +241,28 @@ def _optimizer(meta: dict[str, str], tensors: dict[str, HostArray], names: set[s
         raise CheckpointError(f"checkpoint optimiser metadata is malformed: {exc!r}") from None
 
 
+def _model_config(meta: dict[str, str]) -> ModelConfig:
+    """The model config of a checkpoint in a format this build reads."""
+    if meta.get("format") != FORMAT or meta.get("format_version") != str(FORMAT_VERSION):
+        raise CheckpointError(
+            f"unsupported checkpoint format {meta.get('format')!r} version {meta.get('format_version')!r}"
+            f" (this build reads {FORMAT} version {FORMAT_VERSION})"
+        )
+    try:
+        return msgspec.json.decode(meta.get("model_config", ""), type=ModelConfig, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise CheckpointError(f"checkpoint model config does not load: {exc}") from None
+
+
+def _feature_names(meta: dict[str, str], n_features: int) -> list[str]:
+    names = _json(meta, "feature_names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError("checkpoint feature_names is not a list of strings")
+    if len(names) != n_features:
+        raise CheckpointError(f"{len(names)} feature names for n_features = {n_features}")
+    return names
+
+
 def checkpoint_from_bytes(
     data: bytes, *, expected_sha256: str | None = None, expected_fingerprint: str | None = None
 ) -> Checkpoint:
@@ -253,15 +275,7 @@ def checkpoint_from_bytes(
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise CheckpointError(f"checkpoint sha256 is {digest}, expected {expected_sha256}")
     meta = _header(data)
-    if meta.get("format") != FORMAT or meta.get("format_version") != str(FORMAT_VERSION):
-        raise CheckpointError(
-            f"unsupported checkpoint format {meta.get('format')!r} version {meta.get('format_version')!r}"
-            f" (this build reads {FORMAT} version {FORMAT_VERSION})"
-        )
-    try:
-        config = msgspec.json.decode(meta.get("model_config", ""), type=ModelConfig, strict=True)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise CheckpointError(f"checkpoint model config does not load: {exc}") from None
+    config = _model_config(meta)
     stored = meta.get("layout_fingerprint", "")
     if expected_fingerprint is not None and stored != expected_fingerprint:
         raise CheckpointError(
@@ -287,11 +301,7 @@ def checkpoint_from_bytes(
         known |= {_ADAM_M + n for n in names} | {_ADAM_V + n for n in names}
     if set(tensors) != known:
         raise CheckpointError(f"checkpoint tensors differ from its layout: {sorted(set(tensors) ^ known)}")
-    feature_names = _json(meta, "feature_names")
-    if not isinstance(feature_names, list) or not all(isinstance(n, str) for n in feature_names):
-        raise CheckpointError("checkpoint feature_names is not a list of strings")
-    if len(feature_names) != config.n_features:
-        raise CheckpointError(f"{len(feature_names)} feature names for n_features = {config.n_features}")
+    feature_names = _feature_names(meta, config.n_features)
     metadata = _json(meta, "metadata")
     if not isinstance(metadata, dict):
         raise CheckpointError("checkpoint metadata is not a JSON object")

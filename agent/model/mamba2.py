@@ -149,6 +149,39 @@ def ssd_chunked(
     return y.transpose(0, 3, 1, 2, 4).reshape(bt, y.shape[3], h, p), states
 
 
+def _output_grads(
+    decays: _Decays, U: Array, Bc: Array, Cc: Array, *, hin: Array | None, gY: Array, last_only: bool
+) -> tuple[Array, Array, Array, Array, Array | None]:
+    """One chunk's gradients through its output rows R (all Q rows, or only the last with
+    ``last_only``; ``gY`` holds theirs) -> gU, gcum, gB, gC and the share of the entering state's
+    gradient (None when the chunk enters from zero state)."""
+    xp = array_module(U, Bc, Cc, gY)
+    q = Cc.shape[-2]
+    rows = slice(q - 1, q) if last_only else slice(0, q)
+    Cr = Cc[..., rows, :]
+    CB = xp.matmul(Cr, _t(Bc))
+    lam = decays.lam(last_row=last_only)
+    M = (CB if last_only else _causal(CB)) * lam  # (.., R, Q), causal
+    gM = xp.matmul(gY, _t(U))  # its entries above the diagonal are masked where used
+    gU = xp.matmul(_t(M), gY)
+    # products summed by einsum: no (.., R, Q) temporaries, ~3x faster than multiply-then-sum
+    gcum = -xp.einsum("...ts,...ts->...s", gM, M)
+    gcum[..., rows] += xp.einsum("...ts,...ts->...t", gM, M)
+    gCB = xp.einsum("bghts,bghts->bgts", gM, lam)[:, :, None]
+    if not last_only:
+        _causal(gCB)
+    gCr = xp.matmul(gCB, Bc)
+    gB = xp.matmul(_t(gCB), Cr)
+    ghin = None
+    if hin is not None:
+        eg = decays.e[..., rows, None] * gY
+        gcum[..., rows] += (eg * xp.matmul(Cr, _t(hin))).sum(axis=-1)
+        gCr = gCr + xp.matmul(eg, hin).sum(axis=2, keepdims=True)
+        ghin = xp.matmul(_t(eg), Cr)
+    gC = gCr if not last_only else xp.concatenate([xp.zeros_like(Cc[..., 1:, :]), gCr], axis=-2)
+    return gU, gcum, gB, gC, ghin
+
+
 def ssd_chunked_backward(
     x: Array,
     dt: Array,
@@ -184,37 +217,16 @@ def ssd_chunked_backward(
     ghout: Array | None = None
     for c in range(len(spans) - 1, -1, -1):
         t0, t1 = spans[c]
-        q = t1 - t0
         xc, dtc, Bc, Cc = xh[..., t0:t1, :], dth[..., t0:t1], Bg[..., t0:t1, :], Cg[..., t0:t1, :]
         decays = _Decays(dtc, Ag)
         U = dtc[..., None] * xc
         hin = states[c]
-        ghin: Array | None = None
         if c + 1 < len(spans) and last_only:  # no output rows here: only the state path
             gU, gcum, gB, gC = xp.zeros_like(U), xp.zeros_like(dtc), xp.zeros_like(Bc), xp.zeros_like(Cc)
+            ghin: Array | None = None
         else:
-            rows = slice(q - 1, q) if last_only else slice(0, q)
             gY = gyh if last_only else gyh[..., t0:t1, :]
-            Cr = Cc[..., rows, :]
-            CB = xp.matmul(Cr, _t(Bc))
-            lam = decays.lam(last_row=last_only)
-            M = (CB if last_only else _causal(CB)) * lam  # (.., R, Q), causal
-            gM = xp.matmul(gY, _t(U))  # its entries above the diagonal are masked where used
-            gU = xp.matmul(_t(M), gY)
-            # products summed by einsum: no (.., R, Q) temporaries, ~3x faster than multiply-then-sum
-            gcum = -xp.einsum("...ts,...ts->...s", gM, M)
-            gcum[..., rows] += xp.einsum("...ts,...ts->...t", gM, M)
-            gCB = xp.einsum("bghts,bghts->bgts", gM, lam)[:, :, None]
-            if not last_only:
-                _causal(gCB)
-            gCr = xp.matmul(gCB, Bc)
-            gB = xp.matmul(_t(gCB), Cr)
-            if hin is not None:
-                eg = decays.e[..., rows, None] * gY
-                gcum[..., rows] += (eg * xp.matmul(Cr, _t(hin))).sum(axis=-1)
-                gCr = gCr + xp.matmul(eg, hin).sum(axis=2, keepdims=True)
-                ghin = xp.matmul(_t(eg), Cr)
-            gC = gCr if not last_only else xp.concatenate([xp.zeros_like(Cc[..., 1:, :]), gCr], axis=-2)
+            gU, gcum, gB, gC, ghin = _output_grads(decays, U, Bc, Cc, hin=hin, gY=gY, last_only=last_only)
         if ghout is not None:
             hout = states[c + 1]
             GB = xp.matmul(Bc, _t(ghout))  # (..,Q,P): gHout B_s per step

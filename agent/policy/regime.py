@@ -8,7 +8,7 @@ variances in units of squared log-return per bar):
   warm-started at the training median of ``l**2``), then a slow EMA of ``vol_ema``
   (``ls = 2 / (slow_bars + 1)``);
 * ``vol_ref_eff = max(vol_ref, floor)`` where ``floor`` is the instrument's learned floor
-  (:mod:`agent.train.floors`; 0 = none);
+  (:mod:`agent.policy.floors`; 0 = none);
 * ``scale = clamp(vol_ref_eff / (vol_ema + eps), scale_floor, 1)`` (the variance ratio, matching
   Kelly's ``1 / sigma**2``).
 

@@ -15,9 +15,9 @@ import msgspec
 import numpy as np
 
 from agent.backtest.api import BacktestResult
+from agent.backtest.metrics import Performance
 from agent.reports.page import fmt, page, table, write_atomic
 from agent.reports.svg import COLOURS, bar_chart, line_chart, stacked_bars
-from agent.train.metrics import Performance
 
 __all__ = ["render_backtest", "write_backtest"]
 

@@ -26,9 +26,19 @@ from agent.gpu.errors import GpuError
 from agent.model.checkpoint import Checkpoint
 from agent.policy.config import PolicyConfig
 from agent.policy.philox import Purpose, philox_uniforms
-from agent.train.baselines import BASELINES
 
-__all__ = ["BaselineDecider", "Decided", "Decider", "DeciderError", "EngineDecider", "ModelDecider"]
+__all__ = [
+    "BASELINES",
+    "BaselineDecider",
+    "Decided",
+    "Decider",
+    "DeciderError",
+    "EngineDecider",
+    "ModelDecider",
+]
+
+BASELINES: tuple[str, ...] = ("flat", "random", "long")
+"""The baseline policies every candidate is compared with (:class:`BaselineDecider`)."""
 
 F64 = npt.NDArray[np.float64]
 
@@ -152,7 +162,7 @@ class ModelDecider(EngineDecider):
 
 
 class BaselineDecider:
-    """A baseline of :data:`agent.train.baselines.BASELINES` as a :class:`Decider`: ``flat``,
+    """A baseline of :data:`BASELINES` as a :class:`Decider`: ``flat``,
     ``long`` (always ``max_contracts`` long) or ``random`` (uniform over short/flat/long, drawn
     from Philox keyed by (seed, slot, decision index): reproducible whatever the batching).
     Healthy rows are valid; no window or sizing is involved."""

@@ -9,7 +9,7 @@ together.
 A step, for the bars that closed together (one per instrument):
 
 1. the regime trackers advance with each tradable bar's mid log-return (NaN keeps the state);
-2. the observation rows are built (:func:`agent.trading.observation.observation_rows`) from the
+2. the observation rows are built (:func:`agent.policy.observation.observation_rows`) from the
    bar's features and the instrument's position and entry price;
 3. the decider picks the action (``policy.selection``) and sizes it (Kelly x regime, the
    instrument's round-trip cost: :mod:`agent.policy.kelly`), one batched call;
@@ -45,9 +45,9 @@ from agent.config import Config
 from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import CancelOrder, NewOrder, Side
+from agent.policy.observation import observation_rows
 from agent.policy.regime import RegimeTracker
 from agent.trading.decider import Decided, Decider
-from agent.trading.observation import observation_rows
 from agent.trading.risk import RiskLimits
 from feeds.book import tick_fixed
 from feeds.config import InstrumentSpec

@@ -1,6 +1,8 @@
-"""Baseline policies evaluated on the same test windows as the candidate (same costs, same
-health rules, same chunking): ``flat`` (never trades: P&L 0), ``random`` (uniform over short,
-flat, long at every bar, seeded) and ``long`` (always long)."""
+"""The baselines of :data:`agent.trading.decider.BASELINES` as policies of the training
+environment, evaluated on the same test windows as the candidate (same costs, same health rules,
+same chunking): ``flat`` (never trades: P&L 0), ``random`` (uniform over short, flat, long at
+every bar, seeded) and ``long`` (always long). As traded, the baselines are
+:class:`agent.trading.decider.BaselineDecider`."""
 
 from __future__ import annotations
 
@@ -9,11 +11,10 @@ from types import ModuleType
 import numpy as np
 
 from agent.model.arrays import Array
+from agent.trading.decider import BASELINES
 from agent.train.env import Policy
 
-__all__ = ["BASELINES", "baseline_policy"]
-
-BASELINES: tuple[str, ...] = ("flat", "random", "long")
+__all__ = ["baseline_policy"]
 
 
 def baseline_policy(name: str, xp: ModuleType, seed: int) -> Policy:

@@ -77,7 +77,7 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     are small: one thread is several times faster than contended multi-threaded BLAS."""
     sharpe_bucket_s: float = 0.0
     """P&L bucket for the annualised Sharpe (seconds): 0 = chosen from the sample's span, daily
-    over 20 days or more, else intraday buckets giving 20+ returns (:mod:`agent.train.metrics`)."""
+    over 20 days or more, else intraday buckets giving 20+ returns (:mod:`agent.backtest.metrics`)."""
     # --- gates --------------------------------------------------------------------------------
     drift_ratio: float = 2.0
     """Q-drift halt, from a fold's second epoch: |q| > drift_ratio x |q_prev| ..."""

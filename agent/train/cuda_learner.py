@@ -42,9 +42,10 @@ from agent.kernels.train import (
 )
 from agent.model import ModelConfig
 from agent.model.arrays import Array, Params, to_numpy
+from agent.policy.observation import AGENT_FEATURES
 from agent.policy.philox import Purpose
 from agent.train.config import TrainConfig
-from agent.train.env import AGENT_FEATURES, EnvData
+from agent.train.env import EnvData
 from agent.train.learner import EpochStats, Learner
 from agent.train.replay import Transitions
 

@@ -25,8 +25,8 @@ terminal.
 Observation: ``[E, K, F + 2]`` float32, the K-bar window of normalised market features ending at
 ``t`` plus, per bar, the 2 agent features the agent had at that bar: its position and its
 unrealised P&L from its entry fill to the bar's mark, in normalised units, clipped to +/-5
-(:func:`agent_features`, the one definition of these columns: the daemon and both backtests
-build theirs with it from the ledger's average fill price, :mod:`agent.trading.observation`).
+(:func:`agent.policy.observation.agent_features`, the one definition of these columns: the
+daemon and both backtests build theirs with it from the ledger's average fill price).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import numpy as np
 from agent.execution.config import FillPrice
 from agent.execution.fills import fill_costs_ticks, step_pnl_ticks
 from agent.model.arrays import Array, to_numpy
+from agent.policy.observation import AGENT_FEATURES, agent_features
 from agent.train.errors import TrainError
 from feeds.book import tick_fixed
 from feeds.config import InstrumentSpec
@@ -49,40 +50,16 @@ from feeds.features import FEATURE_NAMES, BarFrame
 from feeds.records import UNDEF_PRICE
 
 __all__ = [
-    "AGENT_FEATURES",
     "EnvData",
     "FeatureNorm",
     "InstrumentBars",
     "Rollout",
     "StepResult",
     "VecEnv",
-    "agent_features",
     "build_env_data",
     "fit_norm",
     "rollout",
 ]
-
-AGENT_FEATURES: tuple[str, ...] = ("agent_position", "agent_unrealised")
-UPNL_CLIP = 5.0
-
-
-def agent_features(
-    xp: ModuleType, position: Array, entry_ticks: Array, mark_ticks: Array, reward_scale: float
-) -> Array:
-    """The 2 agent feature columns ``[..., 2]`` (float32) of an observation row: the unit position
-    ``sign(position)`` and its unrealised P&L ``sign(position) * (mark - entry)`` in ticks times
-    ``reward_scale``, clipped to +/-``UPNL_CLIP`` (0 when flat).
-
-    ``entry_ticks`` is the open position's average fill price and ``mark_ticks`` the bar's mark
-    (the close mid), both in ticks. This is the one definition: the environment passes its entry
-    fill (the price its execution model filled at: the spread paid is part of the unrealised
-    P&L, as in a ledger), the daemon and both backtests the ledger's average fill price
-    (:func:`agent.trading.observation.observation_rows`), so a position looks the same to the
-    model in training and in trading."""
-    unit = xp.sign(xp.asarray(position, dtype=np.float64))
-    upnl = xp.where(unit != 0, unit * (mark_ticks - entry_ticks), 0.0)
-    upnl = xp.clip(upnl * reward_scale, -UPNL_CLIP, UPNL_CLIP)
-    return xp.stack([unit.astype(np.float32), upnl.astype(np.float32)], axis=-1)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,11 @@ def _as_traded(
 ) -> BacktestResult:
     """One evaluation (a worker's job; the verified checkpoint travels pickled)."""
     request = BacktestRequest(
-        data=data, checkpoint=ResolvedCheckpoint(checkpoint, floors), start_ns=window[0], end_ns=window[1]
+        data=data,
+        checkpoint=ResolvedCheckpoint(checkpoint, floors),
+        start_ns=window[0],
+        end_ns=window[1],
+        exact=True,
     )
     return run_backtest(config, request, SILENT)
 

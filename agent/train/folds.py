@@ -12,15 +12,32 @@ concatenated test P&L is one continuous out-of-sample record. The gap must be at
 window ``K`` plus the longest label horizon ``h`` (n-step return, return-head horizon): the
 last training label then ends before the first test window begins, which is AFML's purge for
 walk-forward.
+
+A run plans its folds on the timeline of the instrument with the most bars and maps them to
+every instrument by time (:func:`fold_ranges`), purging each instrument's training bars closer
+than the gap (:func:`gap_bars`) to its test block.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
+from agent.model import ModelConfig
+from agent.train.config import TrainConfig
+from agent.train.env import InstrumentBars
 from agent.train.errors import TrainError
 
-__all__ = ["Fold", "plan_folds", "walk_forward_folds"]
+__all__ = ["Bounds", "Fold", "MappedFold", "fold_ranges", "gap_bars", "plan_folds", "walk_forward_folds"]
+
+Bounds = tuple[int, int, int, int]
+"""``(train_start, train_end, test_start, test_end)``, half-open: a fold's edges as times (ns) on
+the reference timeline, or one instrument's bar indices."""
+
+MappedFold = tuple[Bounds, dict[str, Bounds]]
+"""A fold's edges and, per instrument, its bar index ranges with the purge applied."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +96,40 @@ def plan_folds(
     return walk_forward_folds(
         n_bars, n_folds=n_folds, train_bars=train, test_bars=test, gap_bars=gap_bars, anchored=anchored
     )
+
+
+def gap_bars(model: ModelConfig, config: TrainConfig) -> int:
+    """The purge gap: ``train.gap_bars``, raised to at least the window plus the longest label
+    horizon (n-step return, return-head horizon)."""
+    return max(config.gap_bars, model.window + max(config.n_step, model.return_horizon))
+
+
+def fold_ranges(
+    bars: Mapping[str, InstrumentBars], config: TrainConfig, window: int, gap: int
+) -> list[MappedFold]:
+    """Fold boundaries as times on the reference timeline and per-instrument index ranges
+    ``(train_start, train_end, test_start, test_end)`` with the purge applied; :class:`TrainError`
+    when an instrument has fewer than ``window + 2`` bars in a fold's training or test span."""
+    ref = max(bars.values(), key=len).ts_ns
+    folds = plan_folds(
+        ref.shape[0],
+        n_folds=config.folds,
+        train_test_ratio=config.train_test_ratio,
+        gap_bars=gap,
+        anchored=config.anchored,
+    )
+    out = []
+    for f in folds:
+        edges = [
+            int(ref[i]) if i < ref.shape[0] else int(ref[-1]) + 1
+            for i in (f.train_start, f.train_end, f.test_start, f.test_end)
+        ]
+        per: dict[str, Bounds] = {}
+        for symbol, b in bars.items():
+            a, e, s, t = (int(x) for x in np.searchsorted(b.ts_ns, edges))
+            e = min(e, s - gap)  # purge: never closer than the gap to the test block
+            if e - a < window + 2 or t - s < window + 2:
+                raise TrainError(f"fold {f.index}: instrument {symbol} has too few bars in the fold")
+            per[symbol] = (a, e, s, t)
+        out.append(((edges[0], edges[1], edges[2], edges[3]), per))
+    return out

@@ -35,10 +35,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from agent.backtest.metrics import choose_bucket_s
 from agent.model import ModelConfig
 from agent.train.config import TrainConfig
 from agent.train.env import Rollout
-from agent.train.metrics import choose_bucket_s
 
 __all__ = [
     "GateEvent",
@@ -352,7 +352,7 @@ def promotion(
     All series (the candidate's as-traded out-of-sample P&L, each baseline's and the
     incumbent's on the same test blocks) are summed into one set of clock buckets of
     ``sharpe_bucket_s`` seconds (0: chosen from the candidate's bar times,
-    :func:`agent.train.metrics.choose_bucket_s`). Statistics are per bucket.
+    :func:`agent.backtest.metrics.choose_bucket_s`). Statistics are per bucket.
 
     * no halt (a halted run fails on that alone: there is no trained model to score) and every
       kill criterion passed;

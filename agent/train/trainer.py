@@ -21,8 +21,9 @@ import numpy as np
 
 from agent.model import ACTIONS
 from agent.model.arrays import Array, to_numpy
+from agent.policy.observation import AGENT_FEATURES
 from agent.train.config import TrainConfig
-from agent.train.env import AGENT_FEATURES, EnvData, VecEnv
+from agent.train.env import EnvData, VecEnv
 from agent.train.errors import TrainTimeout
 from agent.train.gates import GateEvent, action_entropy, drift_floor, nonfinite_gradients, q_drift
 from agent.train.learner import TrainingLearner

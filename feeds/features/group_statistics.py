@@ -58,6 +58,15 @@ def _bar_sums(x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     return out
 
 
+def _shifted(values: np.ndarray, first: int) -> np.ndarray:
+    """Each element's predecessor: ``values`` one place later, ``first`` in front."""
+    out = np.empty_like(values)
+    if out.shape[0]:
+        out[0] = first
+        out[1:] = values[:-1]
+    return out
+
+
 def _size_words(words: np.ndarray) -> np.ndarray:
     """The size words of the levels of records as int64 words, a strided ``(n, LEVELS)`` view
     (indexing its rows is ~3x faster than indexing words by row and column)."""
@@ -150,9 +159,7 @@ def _healthy(
     ``monitor``."""
     stale_ns = round(health.stale_after_s * 1e9)
     faults = record_faults(records, bid, ask, prev=carry.prev, tick=tick, config=health)
-    prev_clock = np.empty(records.shape[0], np.int64)
-    prev_clock[0] = carry.last_clock
-    prev_clock[1:] = clock[:-1]
+    prev_clock = _shifted(clock, carry.last_clock)
     silent = np.flatnonzero((ts - prev_clock > stale_ns) & (prev_clock > 0))
     for i in silent.tolist():
         monitor.silence(int(prev_clock[i]), int(ts[i]), stale_ns)
@@ -172,9 +179,7 @@ def _trade_sums(records: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.n
     np.subtract(size * (side == _BID), size * (side == _ASK), out=volumes[:, 0])
     volumes[:, 1] = size
     trade_ends = np.searchsorted(trades, ends)
-    trade_starts = np.empty_like(trade_ends)
-    trade_starts[0] = 0
-    trade_starts[1:] = trade_ends[:-1]
+    trade_starts = _shifted(trade_ends, 0)
     signed_volume, volume = _bar_sums(volumes, trade_starts, trade_ends).T
     return signed_volume, volume, trade_ends - trade_starts
 
@@ -194,11 +199,63 @@ def _mid_steps(
     last_ok_idx = np.maximum.accumulate(np.where(ok, np.arange(ok.shape[0]), -1))
     has_h = last_ok_idx >= 0
     half_ticks = np.where(has_h, mid2[np.maximum(last_ok_idx, 0)] // tick, half_ticks_before)
-    before = np.empty(ok.shape[0], np.int64)
-    before[0] = half_ticks_before
-    before[1:] = half_ticks[:-1]
+    before = _shifted(half_ticks, half_ticks_before)
     step = np.where((half_ticks > 0) & (before > 0), half_ticks - before, 0)
     return _bar_sums(step * step, starts, ends), half_ticks, last_ok_idx
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Scan:
+    """The records of a group as their closes read them: int64 words, best bid and ask (fixed
+    point), health, twice the mid, the clock and the index of the last healthy record at each
+    (-1: none)."""
+
+    words: np.ndarray
+    bid: np.ndarray
+    ask: np.ndarray
+    ok: np.ndarray
+    mid2: np.ndarray
+    clock: np.ndarray
+    last_ok_idx: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _AtCloses:
+    """Per bar at its close: the book and twice the mid of the last healthy record at or before
+    it (else carried), whether a book is known, whether the last record was healthy, the clock."""
+
+    book: np.ndarray
+    mid2: np.ndarray
+    has_book: np.ndarray
+    last_ok: np.ndarray
+    clock: np.ndarray
+
+
+def _at_closes(last: np.ndarray, carry: Carry, scan: _Scan | None) -> _AtCloses:
+    """The state at each close; ``last`` is each bar's last record (-1: an empty first bar) and
+    ``scan`` the group's records (None: it has none, everything is carried)."""
+    n_bars = last.shape[0]
+    has_rec = last >= 0
+    book = np.empty((n_bars, len(BOOK_INTS)), np.int64)
+    book[:] = carry.book
+    at = _AtCloses(
+        book=book,
+        mid2=np.full(n_bars, carry.mid2, np.int64),
+        has_book=np.full(n_bars, carry.has_book),
+        last_ok=np.full(n_bars, carry.last_ok),
+        clock=np.full(n_bars, carry.last_clock, np.int64),
+    )
+    if scan is not None:
+        h = np.where(has_rec, scan.last_ok_idx[np.maximum(last, 0)], -1)
+        with_book = h >= 0
+        rows = h[with_book]
+        sizes = _size_words(scan.words)[rows].T
+        book[with_book] = book_at_close(scan.bid[rows], scan.ask[rows], sizes & _LOW32, sizes >> 32)
+        at.mid2[with_book] = scan.mid2[rows]
+        at.has_book[with_book] = True
+        at.last_ok[has_rec] = scan.ok[last[has_rec]]
+        at.clock[has_rec] = scan.clock[last[has_rec]]
+    return at
 
 
 def bar_statistics(
@@ -224,10 +281,7 @@ def bar_statistics(
     n = records.shape[0]
     ends = plan.ends
     n_bars = ends.shape[0]
-    starts = np.empty_like(ends)
-    if n_bars:
-        starts[0] = 0
-        starts[1:] = ends[:-1]
+    starts = _shifted(ends, 0)
 
     if n:
         words = records.view(np.int64).reshape(n, RECORD_WORDS)
@@ -249,47 +303,20 @@ def bar_statistics(
         ofi = np.zeros((n_bars, LEVELS), np.int64)
         signed_volume = volume = n_trades = n_bad = rv = np.zeros(n_bars, np.int64)
 
-    # the book at each close: last healthy record at or before it, else carried
-    last = ends - 1
-    has_rec = last >= 0
-    book = np.empty((n_bars, len(BOOK_INTS)), np.int64)
-    book[:] = carry.book
-    close_mid2 = np.full(n_bars, carry.mid2, np.int64)
-    has_book = np.full(n_bars, carry.has_book)
-    last_ok_bar = np.full(n_bars, carry.last_ok)
-    last_clock = np.full(n_bars, carry.last_clock, np.int64)
-    if n:
-        h = np.where(has_rec, last_ok_idx[np.maximum(last, 0)], -1)
-        with_book = h >= 0
-        rows = h[with_book]
-        sizes = _size_words(words)[rows].T
-        book[with_book] = book_at_close(bid[rows], ask[rows], sizes & _LOW32, sizes >> 32)
-        close_mid2[with_book] = mid2[rows]
-        has_book |= with_book
-        last_ok_bar[has_rec] = ok[last[has_rec]]
-        last_clock[has_rec] = clock[last[has_rec]]
-    close_mid2_before = np.empty(n_bars, np.int64)
-    if n_bars:
-        close_mid2_before[0] = carry.close_mid2
-        close_mid2_before[1:] = close_mid2[:-1]
-
+    last = ends - 1  # each bar's last record (-1: none)
+    at = _at_closes(last, carry, _Scan(words, bid, ask, ok, mid2, clock, last_ok_idx) if n else None)
     close_ts = plan.close_ts.astype(np.int64)
-    prev_close_ts = np.empty(n_bars, np.int64)
-    if n_bars:
-        prev_close_ts[0] = carry.close_ts or close_ts[0]
-        prev_close_ts[1:] = close_ts[:-1]
+    tradable = (n_bad == 0) & at.last_ok & at.has_book & (close_ts - at.clock <= stale_ns)
+    tradable &= at.clock > 0
 
-    tradable = (n_bad == 0) & last_ok_bar & has_book & (close_ts - last_clock <= stale_ns)
-    tradable &= last_clock > 0
-
-    close_index = np.where(has_rec, index_base[np.maximum(last, 0)], carry.last_index)
+    close_index = np.where(last >= 0, index_base[np.maximum(last, 0)], carry.last_index)
 
     stats = BarStatistics(
         close_ts=close_ts,
-        close_ts_before=prev_close_ts,
-        mid2=close_mid2,
-        mid2_before=close_mid2_before,
-        book=book,
+        close_ts_before=_shifted(close_ts, (carry.close_ts or int(close_ts[0])) if n_bars else 0),
+        mid2=at.mid2,
+        mid2_before=_shifted(at.mid2, carry.close_mid2),
+        book=at.book,
         signed_volume=signed_volume,
         volume=volume,
         trades=n_trades,
@@ -305,14 +332,14 @@ def bar_statistics(
     nxt = Carry(
         prev=carry.prev,
         last_words=carry.last_words,
-        last_ok=bool(last_ok_bar[-1]),
-        last_clock=int(last_clock[-1]),
+        last_ok=bool(at.last_ok[-1]),
+        last_clock=int(at.clock[-1]),
         last_index=int(close_index[-1]),
-        book=book[-1].copy(),
-        has_book=bool(has_book[-1]),
-        mid2=int(close_mid2[-1]),
+        book=at.book[-1].copy(),
+        has_book=bool(at.has_book[-1]),
+        mid2=int(at.mid2[-1]),
         half_ticks=int(half_ticks[-1]) if n else carry.half_ticks,
-        close_mid2=int(close_mid2[-1]),
+        close_mid2=int(at.mid2[-1]),
         close_ts=int(close_ts[-1]),
     )
     if n:

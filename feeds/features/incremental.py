@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,6 +21,26 @@ from feeds.config import BarConfig, HealthConfig, InstrumentSpec
 from feeds.dbn.framing import mbp10_header_ok, take_mbp10
 from feeds.errors import FeedError, UnknownInstrument
 from feeds.features.frame import BarFrame, bar_frames
+from feeds.features.record_fields import (
+    ASK_SZS,
+    ASKS,
+    BID_SZS,
+    BIDS,
+    F_ACTION,
+    F_ASK,
+    F_BID,
+    F_IID,
+    F_LENGTH,
+    F_PRICE,
+    F_RTYPE,
+    F_SEQ,
+    F_SIDE,
+    F_SIZE,
+    F_TS,
+    IID,
+    RECORD,
+    RECORD_SIZE,
+)
 from feeds.features.statistics import (
     BarStatistics,
     book_at_close,
@@ -30,41 +49,9 @@ from feeds.features.statistics import (
     stale_interval_ns,
 )
 from feeds.health import HealthMonitor, PrevTop, fault_mask, record_faults, valid_top
-from feeds.records import ACTION_TRADE, LEVELS, MBP10_DTYPE, MBP10_RTYPE, SIDE_ASK, SIDE_BID, UNDEF_PRICE
+from feeds.records import ACTION_TRADE, LEVELS, MBP10_RTYPE, SIDE_ASK, SIDE_BID, UNDEF_PRICE
 
-__all__ = ["RECORD", "IncrementalBars", "IncrementalFeatures"]
-
-_FORMATS = {("u", 1): "B", ("u", 4): "I", ("u", 8): "Q", ("i", 8): "q", ("S", 1): "c"}  # of the fields read
-_LEVEL_FIELDS = ("bid_px", "ask_px", "bid_sz", "ask_sz")
-_FIELDS = (
-    "length",
-    "rtype",
-    "instrument_id",
-    "price",
-    "size",
-    "action",
-    "side",
-    "ts_recv",
-    "sequence",
-    *(f"{name}_{k:02d}" for k in range(LEVELS) for name in _LEVEL_FIELDS),
-)
-"""What the incremental path reads of an MBP-10 record, in record order. The fields it does not
-use (publisher, ts_event, flags, depth, ts_in_delta, the order counts) are skipped: each value
-unpacked is a Python object made per record."""
-
-
-def _record_struct(names: Sequence[str]) -> struct.Struct:
-    """A struct that unpacks the fields ``names`` (in record order) of one MBP-10 record as
-    Python values, the other bytes skipped."""
-    fmt, at = "<", 0
-    for name in names:
-        dtype, offset = MBP10_DTYPE.fields[name][:2]  # type: ignore[index]
-        if offset < at:
-            raise ValueError(f"MBP-10 field {name!r} is not in record order")
-        fmt += f"{offset - at}x" if offset > at else ""
-        fmt += _FORMATS[dtype.kind, dtype.itemsize]
-        at = offset + dtype.itemsize
-    return struct.Struct(fmt + (f"{MBP10_DTYPE.itemsize - at}x" if MBP10_DTYPE.itemsize > at else ""))
+__all__ = ["IncrementalBars", "IncrementalFeatures"]
 
 
 def _layout(widths: Sequence[int]) -> list[slice]:
@@ -72,21 +59,6 @@ def _layout(widths: Sequence[int]) -> list[slice]:
     ends = list(itertools.accumulate(widths))
     return [slice(end - width, end) for end, width in zip(ends, widths, strict=True)]
 
-
-RECORD = _record_struct(_FIELDS)
-"""Unpacks the fields that the incremental path reads of one MBP-10 record: a tuple of Python
-values, field ``name`` at ``_FIELDS.index(name)``."""
-_AT = {name: i for i, name in enumerate(_FIELDS)}
-_F_LENGTH, _F_RTYPE, _F_IID, _F_PRICE, _F_SIZE, _F_ACTION, _F_SIDE, _F_TS, _F_SEQ = (
-    _AT[name]
-    for name in ("length", "rtype", "instrument_id", "price", "size", "action", "side", "ts_recv", "sequence")
-)
-_F_BID, _F_ASK = _AT["bid_px_00"], _AT["ask_px_00"]  # top of book
-_BIDS, _ASKS, _BID_SZS, _ASK_SZS = (
-    slice(_AT[f"{name}_00"], None, len(_LEVEL_FIELDS)) for name in _LEVEL_FIELDS
-)  # the ten levels of each
-_RECORD_SIZE = MBP10_DTYPE.itemsize
-_IID = struct.Struct("<4xI")
 
 _ARRAY_MASKS = 48
 """A pushed batch of at least this many records of one instrument gets its fault bits from the
@@ -195,11 +167,11 @@ class IncrementalBars:
             return None
         return BookSnapshot(
             instrument_id=self.spec.instrument_id,
-            ts_recv=f[_F_TS],
-            bid_px=f[_BIDS],
-            ask_px=f[_ASKS],
-            bid_sz=f[_BID_SZS],
-            ask_sz=f[_ASK_SZS],
+            ts_recv=f[F_TS],
+            bid_px=f[BIDS],
+            ask_px=f[ASKS],
+            bid_sz=f[BID_SZS],
+            ask_sz=f[ASK_SZS],
         )
 
     def push(self, record: bytes | bytearray | memoryview) -> BarFrame | None:
@@ -208,13 +180,13 @@ class IncrementalBars:
         Raises :class:`FeedError` for bytes that are not one MBP-10 record and
         :class:`UnknownInstrument` for another instrument's record.
         """
-        if len(record) != _RECORD_SIZE:
-            raise FeedError(f"an MBP-10 record has {_RECORD_SIZE} bytes, got {len(record)}")
+        if len(record) != RECORD_SIZE:
+            raise FeedError(f"an MBP-10 record has {RECORD_SIZE} bytes, got {len(record)}")
         f = RECORD.unpack_from(record)
-        if f[_F_RTYPE] != MBP10_RTYPE or f[_F_LENGTH] * 4 != _RECORD_SIZE:
-            raise FeedError(f"not an MBP-10 record (rtype {f[_F_RTYPE]:#x}, length {f[_F_LENGTH] * 4})")
-        if f[_F_IID] != self.spec.instrument_id:
-            raise UnknownInstrument(f"record of instrument {f[_F_IID]} pushed to {self.spec.symbol}")
+        if f[F_RTYPE] != MBP10_RTYPE or f[F_LENGTH] * 4 != RECORD_SIZE:
+            raise FeedError(f"not an MBP-10 record (rtype {f[F_RTYPE]:#x}, length {f[F_LENGTH] * 4})")
+        if f[F_IID] != self.spec.instrument_id:
+            raise UnknownInstrument(f"record of instrument {f[F_IID]} pushed to {self.spec.symbol}")
         self.add_unpacked(f)
         return self._take_frame()
 
@@ -294,20 +266,20 @@ class IncrementalBars:
     def _mask(self, f: tuple[Any, ...]) -> int:
         """The record rules' fault bits of one unpacked record (the next one to add)."""
         last = self._last
-        ts = f[_F_TS]
+        ts = f[F_TS]
         return int(
             fault_mask(
-                bid=f[_F_BID],
-                ask=f[_F_ASK],
-                bid_sz=f[_BID_SZS.start],
-                ask_sz=f[_ASK_SZS.start],
-                trade_price=f[_F_PRICE] if f[_F_ACTION] == ACTION_TRADE else 1,
+                bid=f[F_BID],
+                ask=f[F_ASK],
+                bid_sz=f[BID_SZS.start],
+                ask_sz=f[ASK_SZS.start],
+                trade_price=f[F_PRICE] if f[F_ACTION] == ACTION_TRADE else 1,
                 ts=ts,
                 clock_before=ts if last is None else self._clock.clock_ts,
-                seq=f[_F_SEQ],
-                seq_before=f[_F_SEQ] if last is None else last[_F_SEQ],
-                bid_before=UNDEF_PRICE if last is None else valid_top(last[_F_BID]),
-                ask_before=UNDEF_PRICE if last is None else valid_top(last[_F_ASK]),
+                seq=f[F_SEQ],
+                seq_before=f[F_SEQ] if last is None else last[F_SEQ],
+                bid_before=UNDEF_PRICE if last is None else valid_top(last[F_BID]),
+                ask_before=UNDEF_PRICE if last is None else valid_top(last[F_ASK]),
                 tick=self.tick,
                 config=self._health,
             )
@@ -320,9 +292,7 @@ class IncrementalBars:
         last = self._last
         prev = None
         if last is not None:
-            prev = PrevTop(
-                self._clock.clock_ts, last[_F_SEQ], valid_top(last[_F_BID]), valid_top(last[_F_ASK])
-            )
+            prev = PrevTop(self._clock.clock_ts, last[F_SEQ], valid_top(last[F_BID]), valid_top(last[F_ASK]))
         bid = records["bid_px_00"].astype(np.int64)
         ask = records["ask_px_00"].astype(np.int64)
         masks: list[int] = record_faults(
@@ -336,7 +306,7 @@ class IncrementalBars:
         update the open bar; the bars it closes wait in :attr:`closed`."""
         if mask is None:
             mask = self._mask(f)
-        ts = f[_F_TS]
+        ts = f[F_TS]
         last = self._last
         clock = self._clock
         clock_before = clock.clock_ts if last is not None else ts
@@ -350,40 +320,19 @@ class IncrementalBars:
         if closes:
             self._close(closes, clock_before)
 
-        bids, asks = f[_BIDS], f[_ASKS]
+        bids, asks = f[BIDS], f[ASKS]
         ok = mask == 0
         self._ts.append(ts)
         self._masks.append(mask)
-        if last is not None:
-            ofi = self._ofi
-            if ok and self._last_ok:
-                pb, pa = self._bids, self._asks
-                if bids != pb:
-                    q, pq = f[_BID_SZS], last[_BID_SZS]
-                    for k in range(LEVELS):
-                        if bids[k] != pb[k]:
-                            ofi[k] += ofi_price_term(bids[k], pb[k], q[k], pq[k], bid=True)
-                if asks != pa:
-                    q, pq = f[_ASK_SZS], last[_ASK_SZS]
-                    for k in range(LEVELS):
-                        if asks[k] != pa[k]:
-                            ofi[k] += ofi_price_term(asks[k], pa[k], q[k], pq[k], bid=False)
-            else:  # a pair with an unhealthy record adds no flow
-                bsz, asz, pqb, pqa = f[_BID_SZS], f[_ASK_SZS], last[_BID_SZS], last[_ASK_SZS]
-                for k in range(LEVELS):
-                    ofi[k] -= (bsz[k] - pqb[k]) - (asz[k] - pqa[k])
-        else:  # the stream's first record starts the first bar's order flow
-            self._end_sizes = f[_BID_SZS] + f[_ASK_SZS]
-            self._net_taken = np.subtract(f[_BID_SZS], f[_ASK_SZS])
-        if f[_F_ACTION] == ACTION_TRADE:
-            size = f[_F_SIZE]
-            self._trades += 1
-            self._volume += size
-            side = f[_F_SIDE]
-            if side == SIDE_BID:
-                self._signed += size
-            elif side == SIDE_ASK:
-                self._signed -= size
+        if last is None:  # the stream's first record starts the first bar's order flow
+            self._end_sizes = f[BID_SZS] + f[ASK_SZS]
+            self._net_taken = np.subtract(f[BID_SZS], f[ASK_SZS])
+        elif not (ok and self._last_ok):  # a pair with an unhealthy record adds no flow
+            self._no_flow(f, last)
+        elif bids != self._bids or asks != self._asks:  # size changes at unchanged prices telescope
+            self._price_terms(f, last)
+        if f[F_ACTION] == ACTION_TRADE:
+            self._add_trade(f)
         if ok:
             mid2 = bids[0] + asks[0]
             half_ticks = mid2 // self.tick
@@ -403,6 +352,40 @@ class IncrementalBars:
         if self._event_clock and clock.after_record():
             self._close([clock.clock_ts], clock.clock_ts)
 
+    def _price_terms(self, f: tuple[Any, ...], last: tuple[Any, ...]) -> None:
+        """Add the order flow of the levels whose price changed from ``last`` to ``f`` (both
+        healthy)."""
+        ofi = self._ofi
+        bids, asks, pb, pa = f[BIDS], f[ASKS], self._bids, self._asks
+        if bids != pb:
+            q, pq = f[BID_SZS], last[BID_SZS]
+            for k in range(LEVELS):
+                if bids[k] != pb[k]:
+                    ofi[k] += ofi_price_term(bids[k], pb[k], q[k], pq[k], bid=True)
+        if asks != pa:
+            q, pq = f[ASK_SZS], last[ASK_SZS]
+            for k in range(LEVELS):
+                if asks[k] != pa[k]:
+                    ofi[k] += ofi_price_term(asks[k], pa[k], q[k], pq[k], bid=False)
+
+    def _no_flow(self, f: tuple[Any, ...], last: tuple[Any, ...]) -> None:
+        """Take back the size changes from ``last`` to ``f`` (one of them unhealthy), which the
+        telescoped flow of the bar would otherwise count."""
+        ofi = self._ofi
+        bsz, asz, pqb, pqa = f[BID_SZS], f[ASK_SZS], last[BID_SZS], last[ASK_SZS]
+        for k in range(LEVELS):
+            ofi[k] -= (bsz[k] - pqb[k]) - (asz[k] - pqa[k])
+
+    def _add_trade(self, f: tuple[Any, ...]) -> None:
+        size = f[F_SIZE]
+        self._trades += 1
+        self._volume += size
+        side = f[F_SIDE]
+        if side == SIDE_BID:
+            self._signed += size
+        elif side == SIDE_ASK:
+            self._signed -= size
+
     def _close(self, closes: Sequence[int], last_clock: int) -> None:
         """Close the bars at ``closes``: the open bar (when it holds records) and empty bars;
         their rows (:data:`_ROW_PARTS`) wait in :attr:`closed`. ``last_clock`` is the
@@ -414,14 +397,14 @@ class IncrementalBars:
             if n:
                 last = self._last
                 assert last is not None
-                self._end_sizes = last[_BID_SZS] + last[_ASK_SZS]
+                self._end_sizes = last[BID_SZS] + last[ASK_SZS]
                 self._close_index = self._n_seen - 1
                 flow = (self._signed, self._volume, self._trades, self._rv)
                 ofi = self._ofi
                 healthy = self._healthy
                 if healthy is not self._book_of and healthy is not None:
                     self._book_of = healthy
-                    self._book = (healthy[_F_BID], healthy[_F_ASK], *healthy[_BID_SZS], *healthy[_ASK_SZS])
+                    self._book = (healthy[F_BID], healthy[F_ASK], *healthy[BID_SZS], *healthy[ASK_SZS])
             else:
                 ofi = [0] * LEVELS
                 flow = (0, 0, 0, 0)
@@ -514,10 +497,10 @@ class IncrementalFeatures:
 
     def push(self, record: bytes | bytearray | memoryview) -> BarFrame | None:
         """Route one raw record; return the bars it closes for its instrument (or ``None``)."""
-        if len(record) != _RECORD_SIZE:
+        if len(record) != RECORD_SIZE:
             self.rejected += 1
             return None
-        builder = self.by_id.get(_IID.unpack_from(record)[0])
+        builder = self.by_id.get(IID.unpack_from(record)[0])
         if builder is None:
             self.rejected += 1
             return None
@@ -544,7 +527,7 @@ class IncrementalFeatures:
         by_id = self.by_id
         if len(ids) < _ARRAY_MASKS * len(by_id):  # a few records per instrument: route each one
             for f in RECORD.iter_unpack(contiguous.data.cast("B")):
-                by_id[f[_F_IID]].add_unpacked(f)
+                by_id[f[F_IID]].add_unpacked(f)
         else:
             for iid, builder in by_id.items():  # instruments are independent: one at a time
                 mine = ids == iid

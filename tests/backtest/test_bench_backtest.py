@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.bench import bench_json
+from tests.support.bench import TINY_MODEL, bench_json
 
 KEYS = {
     "records",
@@ -21,9 +21,7 @@ KEYS = {
 
 
 def test_bench_backtest_prints_one_json_object_with_its_keys(tmp_path: Path) -> None:
-    tiny = {"WINDOW": "4", "D_MODEL": "16", "N_LAYERS": "1", "HEADDIM": "8"}
-    env = {f"TRADEAGENT__MODEL__{key}": value for key, value in tiny.items()}
-    env["TRADEAGENT__SYNTH__EVENTS_PER_SECOND"] = "2"
+    env = {**TINY_MODEL, "TRADEAGENT__SYNTH__EVENTS_PER_SECOND": "2"}
     result = bench_json(
         "backtest",
         *("--records", "20000", "--event-records", "5000", "--chunks", "4"),

@@ -36,7 +36,7 @@ def test_mid_fills_are_at_the_mid_of_the_book_met_in_both_drivers(
     signal_data: Path, checkpoint_file: Path, tmp_path: Path
 ) -> None:
     config = _mid_fills(backtest_config(tmp_path / "state"))
-    bars = load_bars(signal_data, INSTRUMENTS, config, 0, 2**62)
+    bars = load_bars(signal_data, INSTRUMENTS, config.feeds, 0, 2**62)
     frames = [bars.frames[s.symbol] for s in INSTRUMENTS]
     decider = ModelDecider(
         checkpoint_from_bytes(checkpoint_file.read_bytes()),
@@ -48,7 +48,7 @@ def test_mid_fills_are_at_the_mid_of_the_book_met_in_both_drivers(
     )
     try:
         regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, [0.0, 0.0]))
-        _, fills, _ = run_fast(bars, INSTRUMENTS, config, decider, regimes, chunks=1)
+        fills = run_fast(bars, INSTRUMENTS, config, decider, regimes, chunks=1).fills
     finally:
         decider.close()
     f = fills.arrays()

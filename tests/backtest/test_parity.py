@@ -1,14 +1,20 @@
 """Both drivers give the same decisions, trades and P&L on the same data for a fixed model and
 seed (the vectorised one with one span per instrument), and the event-driven run's ledger agrees
-with its books."""
+with its books; the gate's exact request gives the event-driven result by either route."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import msgspec
 import numpy as np
+import pytest
 
 from agent.backtest.api import BacktestRequest, BacktestResult, run_backtest
+from agent.config import Config
+from agent.execution.fills import late_executions
+from feeds.records import MBP10_DTYPE
 from tests.backtest.conftest import backtest_config
 
 
@@ -64,3 +70,48 @@ def test_chunked_fast_driver_trades_every_span(
     # every span ends flat, so the instruments' positions are flat at each span end and at the end
     assert np.all(np.isfinite(many.books.pnl))
     assert many.summary.fills > 0
+
+
+def _latency_config(tmp: Path, latency_ms: float) -> Config:
+    config = backtest_config(tmp / "state")
+    return msgspec.structs.replace(
+        config, broker=msgspec.structs.replace(config.broker, latency_ms=latency_ms)
+    )
+
+
+@pytest.mark.parametrize(
+    ("latency_ms", "mode"),
+    [(5.0, "fast"), (4_000.0, "event")],
+    ids=["orders-before-next-decision", "late-orders"],
+)
+def test_exact_request_gives_the_event_driven_result(
+    signal_data: Path, checkpoint_file: Path, tmp_path: Path, latency_ms: float, mode: str
+) -> None:
+    """The gate's request: the vectorised driver where it is exact, else the event-driven replay;
+    either way the event-driven run's decisions, fills and P&L."""
+    config = _latency_config(tmp_path, latency_ms)
+    request = BacktestRequest(data=signal_data, checkpoint=str(checkpoint_file))
+    event = run_backtest(config, request, _Quiet())
+    exact = run_backtest(config, dataclasses.replace(request, exact=True), _Quiet())
+    assert exact.summary.mode == mode
+    assert event.summary.fills > 20
+    for key in ("ts_ns", "instrument", "bar", "action", "valid", "target", "position"):
+        np.testing.assert_array_equal(event.decisions[key], exact.decisions[key], err_msg=key)
+    np.testing.assert_allclose(event.books.pnl, exact.books.pnl, rtol=0, atol=1e-6)
+    assert abs(event.summary.pnl - exact.summary.pnl) < 1e-6
+    if mode == "event":  # the vectorised run would have decided bars before their fills
+        fast = run_backtest(config, dataclasses.replace(request, fast=True, chunks=1), _Quiet())
+        assert fast.summary.health["late_orders"] > 0
+        assert not np.array_equal(fast.books.position, event.books.position)
+
+
+def test_late_executions_marks_orders_arriving_after_the_next_close() -> None:
+    records = np.zeros(6, dtype=MBP10_DTYPE)
+    records["instrument_id"] = [7, 7, 9, 7, 7, 7]
+    records["ts_recv"] = [0, 100, 150, 200, 300, 1_000]
+    # bars end at records 0, 1, 3 and 4 (the record after each one closes it: 1, 3, 4, 5)
+    close_index = np.asarray([0, 1, 3, 4])
+    late = late_executions(records, 7, close_index, latency_ms=0.0001)  # 100 ns
+    # arrivals 200, 300, 400, 1_100 against the next bars' closing records 200, 300, 1_000
+    np.testing.assert_array_equal(late, [True, True, False, False])
+    assert not late_executions(records, 7, close_index, latency_ms=0.0).any()

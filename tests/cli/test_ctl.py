@@ -19,6 +19,7 @@ from tests.daemon.support import (
     config_text,
     install_model,
     model_checkpoint,
+    replay_source,
     synth_feed,
     write_config,
 )
@@ -53,17 +54,13 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     synth_feed(feed)
     config_path = tmp / "daemon.toml"
     # Real-time replay of a five-minute session: the daemon keeps running through the module.
-    source = f'kind = "replay"\npath = "{feed}"\npace = 1.0'
-    config = write_config(config_path, config_text(tmp / "data", source))
+    config = write_config(config_path, config_text(tmp / "data", replay_source(feed, pace=1.0)))
     promoted = install_model(config, *model_checkpoint(seed=0))
     candidate = install_model(config, *model_checkpoint(seed=1), promote=False)
-    daemon = DaemonProcess(config_path, tmp / "daemon.log")
-    try:
+    with DaemonProcess(config_path, tmp / "daemon.log") as daemon:
         daemon.start()
         yield Running(config_path, daemon, promoted, candidate)
         assert daemon.terminate() == 0, daemon.log_tail()
-    finally:
-        daemon.close()
 
 
 def test_status_through_head_prints_its_first_line_and_no_traceback(running: Running) -> None:

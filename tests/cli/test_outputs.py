@@ -19,6 +19,7 @@ import pytest
 from agent.cli import main
 from feeds.config import InstrumentSpec, SynthConfig
 from feeds.synth import write_synthetic
+from tests.support.cli import refusal
 
 ES = InstrumentSpec(symbol="ES", instrument_id=1001, session_end="13:40")
 
@@ -47,9 +48,7 @@ def _error(argv: list[str], data_dir: Path) -> str:
         timeout=120,
         check=False,
     )
-    err = result.stderr.strip()
-    assert result.returncode == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    err = refusal(result)
     assert result.stdout == ""
     return err
 

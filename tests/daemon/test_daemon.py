@@ -17,10 +17,8 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,6 @@ from agent.config import Config
 from agent.control.client import ControlClient
 from agent.control.endpoints import control_endpoint, telemetry_endpoint
 from agent.control.errors import ControlRefused
-from agent.daemon.app import Daemon
 from agent.daemon.events import Events
 from agent.daemon.intake import INTAKE_BATCHES, DecisionQueue, Intake
 from agent.daemon.lifecycle import State
@@ -52,63 +49,35 @@ from storage.values import OrderRecord
 from tests.daemon.support import (
     INSTRUMENTS,
     config_text,
+    daemon_config,
     install_model,
     model_checkpoint,
+    nats_source,
+    quiet,
+    relay_done,
+    relaying,
+    replay_source,
+    resting_bid,
+    running,
     synth_feed,
     write_config,
 )
 from tests.support.nats_server import NatsServer
+from tests.support.wait import observed, wait_until_async
 
 ES, NQ = (s.instrument_id for s in INSTRUMENTS)
-
-
-@asynccontextmanager
-async def running(config: Config) -> AsyncIterator[Daemon]:
-    daemon = Daemon(config)
-    task = asyncio.create_task(daemon.run())
-    try:
-        await wait_for(lambda: daemon.state is State.RUNNING or task.done(), 60)
-        if task.done():
-            task.result()
-        yield daemon
-    finally:
-        daemon.request_stop()
-        assert await asyncio.wait_for(task, 60) == 0
-
-
-async def wait_for(predicate: Callable[[], Any], timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
-
-
-def quiet(daemon: Daemon) -> bool:
-    """No open order and no ledger write waiting: every report is committed and counted."""
-    status = daemon.status()
-    return status.open_orders == 0 and status.ledger_backlog["pending"] == 0
 
 
 async def no_change(read: Callable[[], Any], seconds: float) -> Any:
     """What ``read()`` gives, after checking that it stays the same for ``seconds`` (an
     observation window: something that must not happen, does not)."""
-    first = read()
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-    while loop.time() < end:
-        assert read() == first
-        await asyncio.sleep(0.02)
+    first, *later = await observed(read, seconds)
+    assert all(value == first for value in later), (first, later)
     return first
 
 
-def _replay(feed: Path, pace: float) -> str:
-    return f'kind = "replay"\npath = "{feed}"\npace = {pace}'
-
-
 def _setup(tmp_path: Path, source: str, extra: str = "") -> Config:
-    config = write_config(tmp_path / "daemon.toml", config_text(tmp_path / "data", source, extra=extra))
-    blob, fingerprint = model_checkpoint()
-    install_model(config, blob, fingerprint)
-    return config
+    return daemon_config(tmp_path, source, extra=extra)[1]
 
 
 def _orders(config: Config) -> list[OrderRecord]:
@@ -149,30 +118,23 @@ async def test_corrupt_bytes_crossed_book_and_stale_feed_block_only_that_instrum
         start_ns=int(ts[0]),
         end_ns=int(ts[-1]) + 1,
     )
-    source = f'kind = "nats"\nnats_url = "{nats_server.url}"\ndataset = "SYNTH"\ndurable = "d"'
-    config = _setup(tmp_path, source, extra="\n[feeds.health]\nstale_after_s = 4.0\n")
+    source = nats_source(nats_server.url, durable="d")
+    config_path, config = daemon_config(tmp_path, source, extra="\n[feeds.health]\nstale_after_s = 4.0\n")
     async with running(config) as daemon:
-        relay = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "agent.cli", "--config", str(tmp_path / "daemon.toml"), "relay"),
-                *("--source", "replay", "--path", str(feed), "--pace", "40"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = await nats.connect(nats_server.url)
-        try:
-            await wait_for(lambda: daemon.counts["decisions"] > 20)
-            for junk in (b"\x00garbage that is not DBN", b"\xff" * 368, b""):
-                await client.publish(subject_for("SYNTH", "ES"), junk)
-            await client.flush()
-        finally:
-            await client.close()
-        assert await asyncio.to_thread(relay.wait, 60) == 0
-        await wait_for(lambda: daemon.counts["rejected_messages"] >= 2)
+        with relaying(config_path, feed, pace=40.0) as relay:
+            client = await nats.connect(nats_server.url)
+            try:
+                await wait_until_async(lambda: daemon.counts["decisions"] > 20, 30, "20 decisions")
+                for junk in (b"\x00garbage that is not DBN", b"\xff" * 368, b""):
+                    await client.publish(subject_for("SYNTH", "ES"), junk)
+                await client.flush()
+            finally:
+                await client.close()
+            await asyncio.to_thread(relay_done, relay, config_path)
+        await wait_until_async(lambda: daemon.counts["rejected_messages"] >= 2, 30, "the junk rejected")
         # The feed ends: within stale_after_s of feed time both books go stale.
-        await wait_for(lambda: not any(daemon.status().healthy.values()), 20)
-        await wait_for(lambda: daemon.counts["feed_stale"] >= 1, 20)
+        await wait_until_async(lambda: not any(daemon.status().healthy.values()), 20, "both books unhealthy")
+        await wait_until_async(lambda: daemon.counts["feed_stale"] >= 1, 20, "a stale feed")
         await no_change(lambda: daemon.counts["orders"], 1.0)
         assert daemon.state is State.RUNNING
     orders = _orders(config)
@@ -186,20 +148,20 @@ async def test_database_outage_halts_new_orders_and_loses_nothing(tmp_path: Path
     feed = tmp_path / "synth"
     synth_feed(feed)
     extra = "\n[storage]\nbusy_timeout_ms = 100\nretry_deadline_s = 0.3\n"
-    config = _setup(tmp_path, _replay(feed, pace=30.0), extra=extra)
+    config = _setup(tmp_path, replay_source(feed, pace=30.0), extra=extra)
     async with running(config) as daemon:
-        await wait_for(lambda: daemon.counts["fills"] >= 3)
+        await wait_until_async(lambda: daemon.counts["fills"] >= 3, 30, "3 fills")
         lock = sqlite3.connect(Path(config.data_dir) / "tradeagent.db", timeout=5.0)
         lock.execute("BEGIN EXCLUSIVE")
         try:
-            await wait_for(lambda: "database" in daemon.halts, 30)
+            await wait_until_async(lambda: "database" in daemon.halts, 30, "a database halt")
             orders = await no_change(lambda: daemon.counts["orders"], 1.0)  # no new order while halted
         finally:
             lock.rollback()
             lock.close()
-        await wait_for(lambda: "database" not in daemon.halts, 30)
-        await wait_for(lambda: daemon.counts["orders"] > orders, 30)
-        await wait_for(lambda: quiet(daemon), 30)
+        await wait_until_async(lambda: "database" not in daemon.halts, 30, "the database halt cleared")
+        await wait_until_async(lambda: daemon.counts["orders"] > orders, 30, "a new order")
+        await wait_until_async(lambda: quiet(daemon), 30, "no open order or pending write")
     # Counted after the stop (trading goes on until then; the stop persists what is queued).
     assert _count_fills(config) == daemon.counts["fills"]
     # Paper orders leave before their rows are committed: those sent while the database was
@@ -211,7 +173,7 @@ async def test_database_outage_halts_new_orders_and_loses_nothing(tmp_path: Path
 async def test_promotion_swaps_between_decisions_and_bad_checkpoints_are_refused(tmp_path: Path) -> None:
     feed = tmp_path / "synth"
     synth_feed(feed)
-    config = _setup(tmp_path, _replay(feed, pace=20.0))
+    config = _setup(tmp_path, replay_source(feed, pace=20.0))
     ctx = zmq.asyncio.Context()
     sub = ctx.socket(zmq.SUB)
     sub.subscribe(b"decision")
@@ -228,30 +190,17 @@ async def test_promotion_swaps_between_decisions_and_bad_checkpoints_are_refused
             first = daemon.status().model
             sub.connect(telemetry_endpoint(config.control, config.data_dir))
             listener = asyncio.create_task(listen())
-            await wait_for(lambda: len(seen) >= 5, 30)
+            await wait_until_async(lambda: len(seen) >= 5, 30, "5 decisions published")
             blob, fingerprint = model_checkpoint(seed=1)
             second = install_model(config, blob, fingerprint, promote=False)
             reply = await asyncio.to_thread(client.request, "promote", sha256=second)
             assert reply == {"serving": second, "previous": first, "swapped": True}
             n_swap = len(seen)
-            await wait_for(lambda: len(seen) >= n_swap + 5, 30)
-
-            # Corrupt bytes in the store: the hash check refuses it.
-            blob3, fp3 = model_checkpoint(seed=2)
-            third = install_model(config, blob3, fp3, promote=False)
-            path = CheckpointStore.for_data_dir(config.data_dir).path(third)
-            path.chmod(0o644)
-            path.write_bytes(blob3[:-10] + b"corrupted!")
-            with pytest.raises(ControlRefused, match="still serving"):
-                await asyncio.to_thread(client.request, "promote", sha256=third)
-            # Another layout (window 8 instead of 4 still fits; d_model does not).
-            blob4, fp4 = model_checkpoint(seed=3, d_model=8)
-            fourth = install_model(config, blob4, fp4, promote=False)
-            with pytest.raises(ControlRefused, match="still serving"):
-                await asyncio.to_thread(client.request, "promote", sha256=fourth)
+            await wait_until_async(lambda: len(seen) >= n_swap + 5, 30, "5 decisions after the swap")
+            await _promotions_refused(config, client)
             assert daemon.status().model == second
             n_after = len(seen)
-            await wait_for(lambda: len(seen) >= n_after + 3, 30)
+            await wait_until_async(lambda: len(seen) >= n_after + 3, 30, "3 decisions after the refusals")
             listener.cancel()
     finally:
         sub.close(linger=0)
@@ -267,19 +216,34 @@ async def test_promotion_swaps_between_decisions_and_bad_checkpoints_are_refused
     assert "swap" in kinds and kinds.count("swap_refused") == 2
 
 
+async def _promotions_refused(config: Config, client: ControlClient) -> None:
+    """A corrupt checkpoint and one of another layout are promoted: both are refused."""
+    # Corrupt bytes in the store: the hash check refuses it.
+    blob, fingerprint = model_checkpoint(seed=2)
+    corrupt = install_model(config, blob, fingerprint, promote=False)
+    path = CheckpointStore.for_data_dir(config.data_dir).path(corrupt)
+    path.chmod(0o644)
+    path.write_bytes(blob[:-10] + b"corrupted!")
+    # Another layout (window 8 instead of 4 still fits; d_model does not).
+    other = install_model(config, *model_checkpoint(seed=3, d_model=8), promote=False)
+    for sha in (corrupt, other):
+        with pytest.raises(ControlRefused, match="still serving"):
+            await asyncio.to_thread(client.request, "promote", sha256=sha)
+
+
 @pytest.mark.parametrize("fallback", [False, True])
 async def test_inference_failure_halts_new_orders_and_keeps_state(
     tmp_path: Path, fallback: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     feed = tmp_path / "synth"
     synth_feed(feed)
-    config = _setup(tmp_path, _replay(feed, pace=20.0))
+    config = _setup(tmp_path, replay_source(feed, pace=20.0))
     config = msgspec.structs.replace(
         config, daemon=msgspec.structs.replace(config.daemon, cpu_fallback=fallback)
     )
     caplog.set_level(logging.WARNING, logger="agent.daemon")
     async with running(config) as daemon:
-        await wait_for(lambda: daemon.counts["fills"] >= 2, 30)
+        await wait_until_async(lambda: daemon.counts["fills"] >= 2, 30, "2 fills")
         engine = daemon.engine
         assert engine is not None
 
@@ -287,15 +251,15 @@ async def test_inference_failure_halts_new_orders_and_keeps_state(
             raise InferenceError("injected: device lost")
 
         engine.decide = broken  # type: ignore[method-assign]
-        await wait_for(lambda: daemon.counts["inference_failures"] >= 1, 30)
+        await wait_until_async(lambda: daemon.counts["inference_failures"] >= 1, 30, "an inference failure")
         if fallback:  # the failure is counted first; the CPU engine is built on a worker thread
-            await wait_for(lambda: daemon.engine is not engine, 30)
-        await wait_for(lambda: quiet(daemon), 30)
+            await wait_until_async(lambda: daemon.engine is not engine, 30, "the CPU engine")
+        await wait_until_async(lambda: quiet(daemon), 30, "no open order or pending write")
         positions = daemon.positions
         orders = daemon.counts["orders"]
         if fallback:
             assert "inference" not in daemon.halts
-            await wait_for(lambda: daemon.counts["orders"] > orders, 30)
+            await wait_until_async(lambda: daemon.counts["orders"] > orders, 30, "a new order")
             assert any("fell back to the CPU" in r.getMessage() for r in caplog.records)
         else:
             assert "inference" in daemon.halts
@@ -311,20 +275,24 @@ async def test_inference_failure_halts_new_orders_and_keeps_state(
 async def test_flatten_and_a_persisted_operator_halt(tmp_path: Path) -> None:
     feed = tmp_path / "synth"
     synth_feed(feed)
-    config = _setup(tmp_path, _replay(feed, pace=20.0))
+    config = _setup(tmp_path, replay_source(feed, pace=20.0))
     client = ControlClient(control_endpoint(config.control, config.data_dir), timeout_s=10.0)
     async with running(config) as daemon:
-        await wait_for(lambda: any(daemon.positions.values()), 30)
+        await wait_until_async(lambda: any(daemon.positions.values()), 30, "a position")
         reply = await asyncio.to_thread(client.request, "flatten")
         assert reply["flattening"] is True
-        await wait_for(lambda: not any(daemon.positions.values()) and not daemon.status().flattening, 30)
+        await wait_until_async(
+            lambda: not any(daemon.positions.values()) and not daemon.status().flattening, 30, "flat"
+        )
         await no_change(lambda: daemon.counts["orders"], 1.0)
         assert "operator" in daemon.halts
         database = open_database(config.storage, config.data_dir)
         try:  # the halt event is journaled (in the background)
             journal = Journal(database)
-            await wait_for(
-                lambda: any(e.details.get("kind") == "operator" for e in journal.events(kind="halt")), 10
+            await wait_until_async(
+                lambda: any(e.details.get("kind") == "operator" for e in journal.events(kind="halt")),
+                10,
+                "the operator halt journaled",
             )
         finally:
             database.close()
@@ -340,7 +308,7 @@ async def test_nightly_retrain_promotion_is_swapped_in_and_a_failed_one_changes_
 ) -> None:
     feed = tmp_path / "synth"
     synth_feed(feed)
-    config = _setup(tmp_path, _replay(feed, pace=20.0))
+    config = _setup(tmp_path, replay_source(feed, pace=20.0))
     retrain, outcome = tmp_path / "retrain.py", tmp_path / "outcome"
     retrain.write_text(
         "import pathlib, sys\n"
@@ -363,33 +331,30 @@ async def test_nightly_retrain_promotion_is_swapped_in_and_a_failed_one_changes_
         assert daemon.status().model == serving and not daemon.halts  # nothing to reload
         outcome.write_text("promote")
         assert (await daemon.retrain()).outcome == "ok"
-        await wait_for(lambda: daemon.status().model != serving, 30)
+        await wait_until_async(lambda: daemon.status().model != serving, 30, "the retrained model served")
         assert daemon.counts["retrain_ok"] == 1 and daemon.counts["retrain_failed"] == 1
 
 
 async def test_orderly_stop_cancels_a_resting_order(tmp_path: Path) -> None:
     feed = tmp_path / "synth"
     synth_feed(feed)
-    config = _setup(tmp_path, _replay(feed, pace=0.0))
+    config = _setup(tmp_path, replay_source(feed, pace=0.0))
     async with running(config) as daemon:
-        await wait_for(lambda: daemon.status().feed["records"] > 1000 and quiet(daemon), 30)
+        await wait_until_async(
+            lambda: daemon.status().feed["records"] > 1000 and quiet(daemon), 30, "1000 records, quiet"
+        )
         # A bid 40 ticks under the lowest of the day: it rests (or is still on its way), and
         # nothing but the orderly stop closes it.
         order = daemon.send_order(ES, "buy", 1, limit_price=resting_bid(feed, ES))
-        await wait_for(lambda: daemon.status().ledger_backlog["pending"] == 0, 10)  # in the ledger
+        await wait_until_async(
+            lambda: daemon.status().ledger_backlog["pending"] == 0, 10, "the order in the ledger"
+        )  # in the ledger
     database = open_database(config.storage, config.data_dir)
     try:
         record = Ledger(database).order(order.client_order_id)
     finally:
         database.close()
     assert (record.status, record.filled_qty) == ("cancelled", 0)
-
-
-def resting_bid(feed: Path, instrument_id: int) -> int:
-    """A limit price 40 ticks (of 0.25) under the lowest bid of ``instrument_id`` in ``feed``."""
-    records = read_mbp10(feed)
-    bids = records["bid_px_00"][records["instrument_id"] == instrument_id]
-    return int(bids.min()) - 40 * 250_000_000
 
 
 async def _never() -> None:

@@ -38,16 +38,17 @@ from storage import Journal, Leases, open_database
 from storage.errors import NotFound
 from storage.tables import DaemonLeaseRow
 from tests.daemon.support import (
-    INSTRUMENTS,
     DaemonProcess,
+    assert_ledger_is,
     config_text,
     install_model,
     model_checkpoint,
+    replay_source,
     synth_feed,
     write_config,
 )
-from tests.daemon.test_daemon import wait_for
-from tests.daemon.test_session import _ledger_ids, _ledger_state, _settled
+from tests.support.cli import refusal
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +67,9 @@ def _config(where: Path, feed: Path, *, storage_url: str = "", pace: float = 1.0
     halted, until one is installed)."""
     where.mkdir(parents=True, exist_ok=True)
     path = where / "paper.toml"
-    source = f'kind = "replay"\npath = "{feed}"\npace = {pace}'
-    return path, write_config(path, config_text(where / "data", source, storage_url=storage_url))
+    return path, write_config(
+        path, config_text(where / "data", replay_source(feed, pace), storage_url=storage_url)
+    )
 
 
 def _cli(config_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -96,16 +98,12 @@ def _mode(path: Path) -> int:
 def test_a_second_daemon_on_one_config_exits_2_and_leaves_the_first_alone(tmp_path: Path, feed: Path) -> None:
     config_path, config = _config(tmp_path, feed, pace=10.0)  # the 5-minute session in ~30 s
     install_model(config, *model_checkpoint())
-    first = DaemonProcess(config_path, tmp_path / "first.log")
-    try:
+    with DaemonProcess(config_path, tmp_path / "first.log") as first:
         first.start()
         assert first.proc is not None
         trading = first.wait_until(lambda s: s["counts"].get("fills", 0) >= 1)
-        second = _cli(config_path, "run")  # while the first one trades
-        assert second.returncode == 2, second.stderr
-        refusal = second.stderr.strip()
-        assert len(refusal.splitlines()) == 1 and "Traceback" not in refusal, refusal
-        assert f"daemon.lock is held by another daemon (pid {first.proc.pid} on host {HOST})" in refusal
+        second = refusal(_cli(config_path, "run"))  # while the first one trades
+        assert f"daemon.lock is held by another daemon (pid {first.proc.pid} on host {HOST})" in second
         status = _cli(config_path, "ctl", "status", "--json")
         assert status.returncode == 0, status.stderr
         session_id = json.loads(status.stdout)["session_id"]
@@ -120,21 +118,12 @@ def test_a_second_daemon_on_one_config_exits_2_and_leaves_the_first_alone(tmp_pa
         data = Path(config.data_dir)
         modes = {p.name: _mode(p) for p in (data, data / "tradeagent.db", data / "daemon.lock", data / "run")}
         assert modes == {"data": 0o700, "tradeagent.db": 0o600, "daemon.lock": 0o600, "run": 0o700}
-        settled = _settled(first)  # the feed replayed to its end, no order open
-        assert first.terminate() == 0, first.log_tail()
-    finally:
-        first.close()
+        final = first.finish()  # the feed replayed to its end, no order open
     # The default layout: the spill directory shares the ledger's disk, which the start says.
     assert "is on the filesystem of the SQLite ledger" in first.log_tail(1_000_000)
     # The refused daemon touched nothing: the ledger is exactly what the first one counted.
-    counts = settled["counts"]
-    orders, fills = _ledger_ids(config)
-    assert len(orders) == len(set(orders)) == counts["orders"]
-    assert len(fills) == len(set(fills)) == counts["fills"] == counts["fills_received"] > 0
-    positions, realised, _, _ = _ledger_state(config)
-    names = {s.instrument_id: s.symbol for s in INSTRUMENTS}
-    assert {names[i]: positions.get(i, 0) for i in names} == settled["positions"]
-    assert realised == pytest.approx(settled["realised_pnl"], abs=0.01)
+    assert final["counts"]["fills"] == final["counts"]["fills_received"] > 0
+    assert_ledger_is(config, final)
     database = open_database(config.storage, config.data_dir)
     try:
         assert Journal(database).session(session_id).end_reason == "stopped"
@@ -150,8 +139,7 @@ def test_the_lease_refuses_a_daemon_of_another_data_dir_on_one_postgresql(
 ) -> None:
     first_path, _ = _config(tmp_path / "a", feed, storage_url=pg_url)
     second_path, config = _config(tmp_path / "b", feed, storage_url=pg_url)
-    first = DaemonProcess(first_path, tmp_path / "first.log")
-    try:
+    with DaemonProcess(first_path, tmp_path / "first.log") as first:
         first.start()
         assert first.proc is not None
         refused = _cli(second_path, "run")
@@ -161,27 +149,20 @@ def test_the_lease_refuses_a_daemon_of_another_data_dir_on_one_postgresql(
         assert "daemon.lease_timeout_s" in refused.stderr
         assert first.status()["state"] == "running"
         assert first.terminate() == 0, first.log_tail()
-    finally:
-        first.close()
-    second = DaemonProcess(second_path, tmp_path / "second.log")
-    try:
+    with DaemonProcess(second_path, tmp_path / "second.log") as second:
         second.start()  # the clean stop released the lease
         assert second.proc is not None
-        database = open_database(config.storage, config.data_dir)
-        try:
+        with open_database(config.storage, config.data_dir) as database:
             assert {(h.pid, h.host) for h in Leases(database).held()} == {(second.proc.pid, HOST)}
-        finally:
-            database.close()
         assert second.terminate() == 0, second.log_tail()
-    finally:
-        second.close()
 
 
 def test_a_sigkilled_daemons_session_is_closed_by_the_next_start(tmp_path: Path, feed: Path) -> None:
     config_path, config = _config(tmp_path, feed)
-    killed = DaemonProcess(config_path, tmp_path / "killed.log")
-    restarted = DaemonProcess(config_path, tmp_path / "restarted.log")
-    try:
+    with (
+        DaemonProcess(config_path, tmp_path / "killed.log") as killed,
+        DaemonProcess(config_path, tmp_path / "restarted.log") as restarted,
+    ):
         killed.start()
         killed_session = killed.status()["session_id"]
         killed.kill()
@@ -189,9 +170,6 @@ def test_a_sigkilled_daemons_session_is_closed_by_the_next_start(tmp_path: Path,
         session_id = restarted.status()["session_id"]
         assert f"daemon session {killed_session} (pid" in restarted.log_tail(1_000_000)
         assert restarted.terminate() == 0, restarted.log_tail()
-    finally:
-        killed.close()
-        restarted.close()
     database = open_database(config.storage, config.data_dir)
     try:
         journal = Journal(database)
@@ -214,7 +192,7 @@ async def test_a_daemon_whose_lease_was_taken_over_stops_with_exit_code_1(
     )
     daemon = Daemon(config)
     task = asyncio.create_task(daemon.run())
-    await wait_for(lambda: daemon.state is State.RUNNING or task.done(), 60)
+    await wait_until_async(lambda: daemon.state is State.RUNNING or task.done(), 60, "the daemon to run")
     assert not task.done(), task.result()
     database = open_database(config.storage, config.data_dir)
     try:  # what a daemon elsewhere does when this one's heartbeat went stale

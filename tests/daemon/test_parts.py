@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import sys
 import urllib.request
 from pathlib import Path
@@ -29,6 +30,7 @@ from agent.trading.risk import Halts, RiskLimits
 from feeds.features import BarFrame
 from feeds.records import MBP10_DTYPE
 from feeds.sources import HealthEvent, HealthKind
+from tests.support.wait import wait_until_async
 
 DAY = 86_400 * 10**9
 
@@ -84,17 +86,21 @@ async def test_retrain_success_failure_and_timeout_are_reported_not_raised(tmp_p
     failed, results = await _scheduler(tmp_path, "import sys; sys.exit(3)")
     result = await failed.trigger()
     assert (result.outcome, result.returncode) == ("failed", 3)
+    # A job that outlives its timeout (the sleep is the job under test, not a wait of the test).
     slow, results = await _scheduler(tmp_path, "import time; time.sleep(60)", timeout_s=0.5)
     assert (await slow.trigger()).outcome == "timeout"
     assert not slow.busy
 
 
 async def test_at_most_one_retrain_at_a_time(tmp_path: Path) -> None:
-    scheduler, results = await _scheduler(tmp_path, "import time; time.sleep(1.0)")
+    release = tmp_path / "release"
+    os.mkfifo(release)
+    # The job runs until the test opens the FIFO for writing and closes it.
+    scheduler, results = await _scheduler(tmp_path, f"open({str(release)!r}).read()")
     first = asyncio.create_task(scheduler.trigger())
-    await asyncio.sleep(0.2)
-    assert scheduler.busy
+    await wait_until_async(lambda: scheduler.busy, 10, "the first retrain to start")
     assert (await scheduler.trigger()).outcome == "skipped"
+    await asyncio.to_thread(release.write_bytes, b"")
     assert (await first).outcome == "ok"
     assert [r.outcome for r in results] == ["skipped", "ok"]
 

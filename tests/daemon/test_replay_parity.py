@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from agent.backtest.event import EventDriver
+from agent.config import Config
 from agent.daemon.app import Daemon
 from agent.model.checkpoint import checkpoint_from_bytes
 from agent.trading.decider import Decider, ModelDecider
@@ -34,6 +35,7 @@ from tests.daemon.support import (
     config_text,
     install_model,
     model_checkpoint,
+    replay_source,
     synth_feed,
     write_config,
 )
@@ -87,12 +89,51 @@ async def test_daemon_replay_and_event_backtest_trade_identically(
 ) -> None:
     feed = tmp_path / "synth"
     synth_feed(feed)
-    source = f'kind = "replay"\npath = "{feed}"\npace = 0.0'
-    config = write_config(tmp_path / "daemon.toml", config_text(tmp_path / "data", source, extra=RISK[risk]))
+    config = write_config(
+        tmp_path / "daemon.toml", config_text(tmp_path / "data", replay_source(feed, 0.0), extra=RISK[risk])
+    )
     blob, fingerprint = model_checkpoint(seed=4)
     install_model(config, blob, fingerprint)
-    total = int(read_mbp10(feed).shape[0])
+    rows, daemon_halt = await _daemon_replay(
+        config, tmp_path / "notify.sock", monkeypatch, int(read_mbp10(feed).shape[0])
+    )
 
+    scratch = tmp_path / "backtest"
+    database = open_database(StorageConfig(), scratch)
+    decider = ModelDecider(
+        checkpoint_from_bytes(blob),
+        config.policy,
+        [s.tick_value for s in INSTRUMENTS],
+        "cpu",
+        fee_per_contract=config.broker.fee_per_contract,
+        max_batch=len(INSTRUMENTS),
+    )
+    try:
+        run = await EventDriver(config, INSTRUMENTS, decider, database, [0.0, 0.0]).replay(feed, 0, 2**62)
+    finally:
+        decider.close()
+        database.close()
+
+    daemon_stream, backtest = _stream(rows), _logged(run.log.arrays())
+    assert len(daemon_stream) == len(backtest) > 500
+    assert sum(d[4] for d in backtest) > 100, "most decisions are valid"
+    for k, (ours, theirs) in enumerate(zip(daemon_stream, backtest, strict=True)):
+        assert ours == theirs, f"decision {k} differs: daemon {ours}, backtest {theirs}"
+    daemon_db, backtest_db = Path(config.data_dir) / "tradeagent.db", scratch / "tradeagent.db"
+    assert len(_fills(backtest_db)) > 20, "the model should trade on this day"
+    assert _orders(daemon_db) == _orders(backtest_db)
+    assert _fills(daemon_db) == _fills(backtest_db)
+    if risk == "binding":
+        assert run.halt_reason.startswith("daily loss") and daemon_halt == run.halt_reason
+    else:
+        assert run.halt_reason == "" and daemon_halt == ""
+
+
+async def _daemon_replay(
+    config: Config, notify_path: Path, monkeypatch: pytest.MonkeyPatch, total: int
+) -> tuple[list[tuple[int, int, int, bool, int, float]], str]:
+    """The daemon replaying its feed (``total`` records) to the end, READY sent to a socket at
+    ``notify_path``: the rows it decided (:func:`_stream`'s input) and its risk halt ("" if none)."""
     rows: list[tuple[int, int, int, bool, int, float]] = []
     real_decide = TradingStep.decide
 
@@ -113,10 +154,10 @@ async def test_daemon_replay_and_event_backtest_trade_identically(
         return step
 
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(tmp_path / "notify.sock"))
+    notify.bind(str(notify_path))
     notify.setblocking(False)
     with monkeypatch.context() as patch:
-        patch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
+        patch.setenv("NOTIFY_SOCKET", str(notify_path))
         patch.setattr(TradingStep, "decide", recorded)
         daemon = Daemon(config)
         task = asyncio.create_task(daemon.run())
@@ -130,61 +171,18 @@ async def test_daemon_replay_and_event_backtest_trade_identically(
                 await daemon.end_of_data()  # every record replayed, every report committed and counted
             status = daemon.status()
             assert status.feed["records"] == total and status.open_orders == 0
-            daemon_halt = status.halts.get("risk", "")
         finally:
             daemon.request_stop()
             assert await asyncio.wait_for(task, 60) == 0
             notify.close()
+    return rows, status.halts.get("risk", "")
 
-    scratch = tmp_path / "backtest"
-    database = open_database(StorageConfig(), scratch)
-    decider = ModelDecider(
-        checkpoint_from_bytes(blob),
-        config.policy,
-        [s.tick_value for s in INSTRUMENTS],
-        "cpu",
-        fee_per_contract=config.broker.fee_per_contract,
-        max_batch=len(INSTRUMENTS),
-    )
-    try:
-        run = await EventDriver(config, INSTRUMENTS, decider, database, [0.0, 0.0]).replay(feed, 0, 2**62)
-    finally:
-        decider.close()
-        database.close()
 
-    log = run.log.arrays()
+def _logged(log: dict[str, np.ndarray]) -> list[Decision]:
+    """The backtest's decision log as :data:`Decision` tuples."""
     ids = np.asarray([s.instrument_id for s in INSTRUMENTS])[log["instrument"].astype(np.int64)]
-    backtest = [
+    columns = (log["bar"], log["ts_ns"], log["action"], log["valid"], log["target"], log["size"])
+    return [
         (int(iid), int(bar), int(ts), int(a), bool(v), int(t), float(z))
-        for iid, bar, ts, a, v, t, z in zip(
-            ids,
-            log["bar"],
-            log["ts_ns"],
-            log["action"],
-            log["valid"],
-            log["target"],
-            log["size"],
-            strict=True,
-        )
+        for iid, bar, ts, a, v, t, z in zip(ids, *columns, strict=True)
     ]
-    daemon_stream = _stream(rows)
-    assert len(daemon_stream) == len(backtest) > 500
-    assert sum(d[4] for d in backtest) > 100, "most decisions are valid"
-    for k, (ours, theirs) in enumerate(zip(daemon_stream, backtest, strict=True)):
-        assert ours == theirs, f"decision {k} differs: daemon {ours}, backtest {theirs}"
-
-    daemon_orders, backtest_orders = (
-        _orders(Path(config.data_dir) / "tradeagent.db"),
-        _orders(scratch / "tradeagent.db"),
-    )
-    daemon_fills, backtest_fills = (
-        _fills(Path(config.data_dir) / "tradeagent.db"),
-        _fills(scratch / "tradeagent.db"),
-    )
-    assert len(backtest_fills) > 20, "the model should trade on this day"
-    assert daemon_orders == backtest_orders
-    assert daemon_fills == backtest_fills
-    if risk == "binding":
-        assert run.halt_reason.startswith("daily loss") and daemon_halt == run.halt_reason
-    else:
-        assert run.halt_reason == "" and daemon_halt == ""

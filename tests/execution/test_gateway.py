@@ -17,6 +17,7 @@ from agent.execution.protocol import Ack, Cancelled, CancelOrder, Fill, NewOrder
 from agent.execution.venues import GatewayVenue
 from feeds.sources.events import RecordBatch
 from tests.execution.books import px, record
+from tests.support.wait import wait_until_async
 
 ES = 1001
 MS = 1_000_000
@@ -30,12 +31,6 @@ def _endpoint() -> str:
 
 def _book(ts: int) -> np.ndarray:
     return record(ES, ts, [(px(-1), 5)], [(px(1), 3), (px(2), 4)])
-
-
-async def _wait_for(predicate: object, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
 
 
 async def test_orders_fill_through_the_gateway_and_reports_replay_after_reconnect() -> None:
@@ -55,7 +50,7 @@ async def test_orders_fill_through_the_gateway_and_reports_replay_after_reconnec
     venue = GatewayVenue(ctx, config, got.append)
     try:
         await venue.start()
-        await _wait_for(lambda: venue.healthy)
+        await wait_until_async(lambda: venue.healthy, 5, "the venue connected")
         await market.put(_book(0))
         venue.submit(NewOrder(client_order_id="s1-1", instrument_id=ES, side="buy", qty=5, ts_ns=MS))
         venue.submit(
@@ -69,9 +64,9 @@ async def test_orders_fill_through_the_gateway_and_reports_replay_after_reconnec
                 ts_ns=MS,
             )
         )
-        await asyncio.sleep(0.2)
+        await wait_until_async(lambda: server.requests == 2, 5, "both orders at the gateway")
         await market.put(_book(5 * MS))
-        await _wait_for(lambda: len(got) >= 3)
+        await wait_until_async(lambda: len(got) >= 3, 5, "2 acks and a fill")
         fills = [r for r in got if isinstance(r, Fill)]
         assert len(fills) == 1 and fills[0].qty == 5 and fills[0].price == px(1.4)
         assert {type(r) for r in got} == {Ack, Fill}
@@ -83,17 +78,19 @@ async def test_orders_fill_through_the_gateway_and_reports_replay_after_reconnec
         other: list[Report] = []
         venue2 = GatewayVenue(ctx, config, other.append, last_seq=seen)
         await venue2.start()
-        await _wait_for(lambda: venue2.healthy)
+        await wait_until_async(lambda: venue2.healthy, 5, "the second venue connected")
         venue2.cancel(CancelOrder(client_order_id="s1-2", ts_ns=6 * MS))
-        await asyncio.sleep(0.1)
+        await wait_until_async(lambda: server.requests == 3, 5, "the cancel at the gateway")
         await market.put(_book(10 * MS))
-        await _wait_for(lambda: any(isinstance(r, Cancelled) for r in other))
+        await wait_until_async(lambda: any(isinstance(r, Cancelled) for r in other), 5, "the cancel")
         await venue2.close()
 
         replayed: list[Report] = []
         venue3 = GatewayVenue(ctx, config, replayed.append, last_seq=seen)
         await venue3.start()
-        await _wait_for(lambda: any(isinstance(r, Cancelled) for r in replayed))
+        await wait_until_async(
+            lambda: any(isinstance(r, Cancelled) for r in replayed), 5, "the cancel replayed"
+        )
         assert [r.seq for r in replayed] == [r.seq for r in other]
         await venue3.close()
     finally:
@@ -115,7 +112,7 @@ async def test_invalid_frames_are_counted_and_never_crash_the_gateway() -> None:
     try:
         await dealer.send(b"\xff\x00 not msgpack")
         await dealer.send(encode(NewOrder(client_order_id="x", instrument_id=ES, side="buy", qty=1, ts_ns=0)))
-        await _wait_for(lambda: server.invalid_frames == 2)
+        await wait_until_async(lambda: server.invalid_frames == 2, 5, "2 invalid frames")
         assert not serving.done()
     finally:
         dealer.close(linger=0)
@@ -142,10 +139,10 @@ async def test_an_order_after_the_last_record_executes_on_the_feed_clock() -> No
     venue = GatewayVenue(ctx, config, got.append)
     try:
         await venue.start()
-        await _wait_for(lambda: venue.healthy)
+        await wait_until_async(lambda: venue.healthy, 5, "the venue connected")
         await server.feed(one_book())  # the feed ends after one record
         venue.submit(NewOrder(client_order_id="s1-1", instrument_id=ES, side="buy", qty=2, ts_ns=now))
-        await _wait_for(lambda: len(got) >= 2)
+        await wait_until_async(lambda: len(got) >= 2, 5, "an ack and a fill")
         assert isinstance(got[0], Ack) and got[0].ts_ns == now + 20 * MS
         assert isinstance(got[1], Fill) and got[1].qty == 2 and got[1].price == px(1)
     finally:

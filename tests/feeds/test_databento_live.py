@@ -26,6 +26,7 @@ from databento.live.session import _SessionProtocol
 from feeds.errors import FeedError
 from feeds.sources import DatabentoLiveSource, HealthEvent, HealthKind, RecordBatch, load_api_key
 from tests.support.feed_data import DATASET, feed_records
+from tests.support.wait import wait_until_async
 
 KEY = "db-TESTKEY0123456789abcdefTESTKEY"
 
@@ -196,9 +197,10 @@ async def test_a_slow_consumer_loses_records_counted_never_silently(api_key: str
         # Our loop is blocked while the client thread delivers them all: the bridge holds 4096
         # records at most (one queue slot's worth), the rest is dropped and counted.
         gateway.send(dbn_records(records[:5000]))
-        await asyncio.sleep(0)  # the bridge drains: 904 dropped, one batch of 4096 queued
+        # The bridge drains: 904 dropped, one batch of 4096 queued.
+        await wait_until_async(lambda: source.counters.dropped_records == 904, 10, "904 records dropped")
         gateway.send(dbn_records(records[5000:5100]))  # the only queue slot is taken: dropped
-        await asyncio.sleep(0)
+        await wait_until_async(lambda: source.counters.dropped_records == 1004, 10, "100 more dropped")
         first = [await asyncio.wait_for(source.next(), 30) for _ in range(2)]
         gateway.send(dbn_records(records[5100:]))  # room again: the queue drop episode is reported
         second = [await asyncio.wait_for(source.next(), 30) for _ in range(2)]

@@ -262,7 +262,7 @@ def test_plain_appender_cuts_a_partial_record(tmp_path: Path, records: npt.NDArr
 
 WRITER = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys
     import numpy as np
     from feeds.dbn import DBNAppender, read_mbp10
     records = read_mbp10(sys.argv[2])
@@ -271,7 +271,7 @@ WRITER = textwrap.dedent(
         out.flush()
         out.append(records[1500:])
         print("flushed", flush=True)
-        time.sleep(60)
+        signal.pause()  # until the kill
     """
 )
 

@@ -9,7 +9,7 @@ import pytest
 import feeds.features
 from feeds.features import BOOK_INTS, FEATURE_NAMES
 from feeds.features.definitions import COLUMNS, FEATURES, Feature, feature_rows
-from feeds.features.incremental import RECORD
+from feeds.features.record_fields import RECORD
 from feeds.features.statistics import BarStatistics
 from feeds.records import LEVELS
 from tests.feeds.recbuild import random_book

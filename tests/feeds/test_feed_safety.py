@@ -26,6 +26,8 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import nats.js.errors
@@ -47,10 +49,11 @@ from tests.daemon.support import (
     write_config,
 )
 from tests.feeds.nats_proxy import NatsProxy
-from tests.feeds.test_recorder import TRADEAGENT, run_env, wait_for
+from tests.feeds.test_recorder import TRADEAGENT, WAIT_S, run_env
 from tests.feeds.test_sources_nats import STREAM, Collector, nats_source, relay_file, same_feed
 from tests.support.feed_data import DATASET, SYMBOLS, feed_records, write_feed
 from tests.support.nats_server import NatsServer
+from tests.support.wait import wait_until
 
 STOP_TIMEOUT_S = 3.0
 EXIT_MARGIN_S = 2.0
@@ -80,7 +83,12 @@ def holds_messages(server: NatsServer) -> bool:
     return asyncio.run(stream_messages(server)) > 0
 
 
-def relay(path: Path, url: str, tmp_path: Path, *, pace: float, log: Path) -> subprocess.Popen[bytes]:
+@contextmanager
+def relay(
+    path: Path, url: str, tmp_path: Path, *, pace: float, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``tradeagent relay --json`` of ``path`` to ``url``, its stderr to ``log``; killed on the
+    way out unless the test reaped it."""
     env = run_env(tmp_path)
     env["TRADEAGENT__FEEDS__RELAY__STOP_TIMEOUT_S"] = str(STOP_TIMEOUT_S)
     args = [
@@ -96,15 +104,26 @@ def relay(path: Path, url: str, tmp_path: Path, *, pace: float, log: Path) -> su
         "--json",
     ]
     with log.open("ab") as err:
-        return subprocess.Popen([*TRADEAGENT, *args], env=env, stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen([*TRADEAGENT, *args], env=env, stdout=subprocess.PIPE, stderr=err)
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate(timeout=30)
 
 
-def sigterm_exit_s(proc: subprocess.Popen[bytes]) -> tuple[int, float, dict[str, int]]:
-    """SIGTERM ``proc``: (exit code, seconds to exit, its JSON counters)."""
+def stopped_in_time(proc: subprocess.Popen[bytes], log: Path) -> tuple[dict[str, int], str]:
+    """SIGTERM the relay ``proc``: it exits 0 within its stop timeout (and the margin); its JSON
+    counters and its ``log``."""
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=STOP_TIMEOUT_S + 30)
-    return proc.returncode, time.monotonic() - started, json.loads(out) if out else {}
+    seconds = time.monotonic() - started
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert seconds < STOP_TIMEOUT_S + EXIT_MARGIN_S, text
+    return (json.loads(out) if out else {}), text
 
 
 def span_s(records: np.ndarray) -> float:
@@ -338,27 +357,15 @@ def test_a_relay_killed_mid_file_resumes_after_the_streams_last_message_at_once(
     async def scenario() -> None:
         source = nats_source(nats_server, durable="daemon")
         async with Collector(source) as sink:
-            first = relay(feed, nats_server.url, tmp_path, pace=1.0, log=log)
-            try:
+            with relay(feed, nats_server.url, tmp_path, pace=1.0, log=log):
                 await sink.until(lambda c: c.received >= first_day // 4)
-            finally:
-                first.kill()
-                first.communicate(timeout=30)
-            second = relay(feed, nats_server.url, tmp_path, pace=1.0, log=log)
-            try:
-                await sink.until(lambda c: c.received >= first_day)  # then it waits for the next day
+            # Killed there (mid-stream), and the second one once it waits for the next day.
+            with relay(feed, nats_server.url, tmp_path, pace=1.0, log=log) as second:
+                await sink.until(lambda c: c.received >= first_day)
                 assert second.poll() is None
-            finally:
-                second.kill()
-                second.communicate(timeout=30)
-            third = relay(feed, nats_server.url, tmp_path, pace=1.0, log=log)
-            try:
+            with relay(feed, nats_server.url, tmp_path, pace=1.0, log=log) as third:
                 await sink.until(lambda c: c.received >= len(records))
                 out, _ = await asyncio.to_thread(third.communicate, timeout=60)
-            finally:
-                if third.poll() is None:
-                    third.kill()
-                    third.communicate(timeout=30)
             assert third.returncode == 0, log.read_text()
             counters = json.loads(out)
             assert counters["skipped_records"] == first_day
@@ -379,15 +386,9 @@ def test_sigterm_stops_the_relay_in_time_when_the_stream_is_deleted_under_it(
 ) -> None:
     records = feed_records(4000)
     log = tmp_path / "relay.log"
-    proc = relay(
-        write_feed(tmp_path / "feed.dbn", records),
-        nats_server.url,
-        tmp_path,
-        pace=span_s(records) / 20,
-        log=log,
-    )
-    try:
-        wait_for("the relay to publish", lambda: holds_messages(nats_server))
+    feed = write_feed(tmp_path / "feed.dbn", records)
+    with relay(feed, nats_server.url, tmp_path, pace=span_s(records) / 20, log=log) as proc:
+        wait_until(lambda: holds_messages(nats_server), WAIT_S, "the relay to publish")
 
         async def delete() -> None:
             session = NatsSession(nats_server.url, "test-admin")
@@ -398,15 +399,8 @@ def test_sigterm_stops_the_relay_in_time_when_the_stream_is_deleted_under_it(
                 await session.close()
 
         asyncio.run(delete())
-        wait_for("the stream to be re-created and fed", lambda: holds_messages(nats_server))
-        code, seconds, counters = sigterm_exit_s(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
-    text = log.read_text()
-    assert code == 0, text
-    assert seconds < STOP_TIMEOUT_S + EXIT_MARGIN_S, text
+        wait_until(lambda: holds_messages(nats_server), WAIT_S, "the stream to be re-created and fed")
+        counters, text = stopped_in_time(proc, log)
     assert text.count("no JetStream stream records") == 1, text
     assert counters["messages"] > 0 and counters["abandoned_messages"] == 0
 
@@ -418,19 +412,11 @@ def test_sigterm_stops_the_relay_in_time_when_the_server_stops_answering(
     log = tmp_path / "relay.log"
     with NatsProxy(nats_server.port) as proxy:
         feed = write_feed(tmp_path / "feed.dbn", records)
-        proc = relay(feed, proxy.url, tmp_path, pace=span_s(records) / 20, log=log)
-        try:
-            wait_for("the relay to publish", lambda: holds_messages(nats_server))
+        with relay(feed, proxy.url, tmp_path, pace=span_s(records) / 20, log=log) as proc:
+            wait_until(lambda: holds_messages(nats_server), WAIT_S, "the relay to publish")
             proxy.freeze()
-            wait_for("a publish to be held back", lambda: proxy.held > 0)
-            code, seconds, counters = sigterm_exit_s(proc)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate(timeout=30)
-    text = log.read_text()
-    assert code == 0, text
-    assert seconds < STOP_TIMEOUT_S + EXIT_MARGIN_S, text
+            wait_until(lambda: proxy.held > 0, WAIT_S, "a publish to be held back")
+            counters, text = stopped_in_time(proc, log)
     assert counters["abandoned_messages"] > 0, text
     assert "left unacknowledged; a relay restarted on the same files publishes them again" in text
 
@@ -463,16 +449,13 @@ def test_the_daemon_never_trades_another_dataset_and_names_it(
             b"publishing dataset SYNTH (the source's own) while feeds.source.dataset is GLBX.MDP3"
             in relayed.stderr
         )
-        daemon = DaemonProcess(config_path, tmp_path / "daemon.log")
-        try:
+        with DaemonProcess(config_path, tmp_path / "daemon.log") as daemon:
             daemon.start()
             status = daemon.wait_until(lambda s: s["counts"].get("feed_mismatch", 0) >= 2)
             assert status["feed"]["rejected_dataset_records"] > 0
             assert status["feed"]["records"] == 0
             assert status["counts"].get("orders", 0) == 0
             assert daemon.terminate(timeout=config.daemon.stop_timeout_s + 5) == 0
-        finally:
-            daemon.close()
     text = (tmp_path / "daemon.log").read_text()
     assert "NATS subject md.mbp10.SYNTH." in text
     assert "stream MBP10 holds messages of dataset SYNTH" in text and "set feeds.source.dataset" in text
@@ -501,8 +484,7 @@ def test_the_daemon_counts_a_time_regression_once_per_episode(
         finally:
             await publisher.close()
 
-    daemon = DaemonProcess(config_path, tmp_path / "daemon.log")
-    try:
+    with DaemonProcess(config_path, tmp_path / "daemon.log") as daemon:
         daemon.start()  # its source has created the stream
         asyncio.run(publish([*first_run, replayed[0]]))
         behind = daemon.wait_until(
@@ -515,7 +497,5 @@ def test_the_daemon_counts_a_time_regression_once_per_episode(
         assert status["feed"]["time_regressions"] == 1  # one episode: the daemon got no second event
         assert status["counts"]["feed_time_regression"] == 1
         assert daemon.terminate() == 0, daemon.log_tail()
-    finally:
-        daemon.close()
     log = daemon.log_tail(1_000_000)
     assert log.count("feed time_regression: ES (1001): ts_recv went back") == 1, log

@@ -10,9 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import databento
@@ -25,6 +23,7 @@ from feeds.recorder import archive_path, day_start_ns
 from feeds.sources.nats_session import NatsSession
 from tests.support.feed_data import DATASET, feed_records, sorted_by_key, write_feed
 from tests.support.nats_server import NatsServer
+from tests.support.wait import wait_until
 
 STREAM = "MBP10"
 DURABLE = "recorder"
@@ -58,15 +57,6 @@ async def consumer_state(server: NatsServer) -> tuple[int, int, int] | None:
     finally:
         await session.close()
     return int(info.ack_floor.stream_seq), int(info.num_pending), int(info.num_ack_pending)
-
-
-def wait_for(condition: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {condition}")
 
 
 def acked_some(server: NatsServer) -> bool:
@@ -126,7 +116,7 @@ def test_recorder_killed_mid_stream_loses_nothing_and_resumes_without_duplicates
         log,
     )
     try:
-        wait_for("the recorder to acknowledge a first flush", lambda: acked_some(nats_server))
+        wait_until(lambda: acked_some(nats_server), WAIT_S, "the recorder to acknowledge a first flush")
         recorder.send_signal(signal.SIGKILL)
         recorder.communicate(timeout=WAIT_S)
         relay_out, _ = relay.communicate(timeout=WAIT_S)
@@ -147,8 +137,12 @@ def test_recorder_killed_mid_stream_loses_nothing_and_resumes_without_duplicates
         try:
             # Started (its signal handlers in place): the first recorder may have acknowledged
             # everything before the kill, and SIGTERM must not reach a process still importing.
-            wait_for("the restarted recorder to start", lambda: log.read_text().count(SOURCE_STARTED) == 2)
-            wait_for("the restarted recorder to catch up", lambda: fully_acked(nats_server, messages))
+            wait_until(
+                lambda: log.read_text().count(SOURCE_STARTED) == 2, WAIT_S, "the restarted recorder to start"
+            )
+            wait_until(
+                lambda: fully_acked(nats_server, messages), WAIT_S, "the restarted recorder to catch up"
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}; recorder exit code {recorder.poll()}\n{log.read_text()}") from None
         recorder.send_signal(signal.SIGTERM)

@@ -30,6 +30,7 @@ from feeds.sources import (
 from feeds.sources.nats_wire import MessageEncoder, SequenceTracker, WireTags, parse_tags
 from feeds.sources.thread_bridge import ThreadBridge
 from tests.support.feed_data import SYMBOLS, feed_records, sorted_by_key, write_feed
+from tests.support.wait import wait_until_async
 
 
 async def collect(source: ReplaySource | QueuedSource) -> tuple[np.ndarray, list[HealthEvent], int]:
@@ -159,7 +160,6 @@ async def test_queued_source_raises_the_producer_error_as_feed_error() -> None:
 async def test_thread_bridge_batches_records_from_another_thread_and_counts_drops() -> None:
     loop = asyncio.get_running_loop()
     drained: list[tuple[bytes, int, int]] = []
-    done = asyncio.Event()
     bridge = ThreadBridge(
         loop, lambda raw, n, dropped: drained.append((raw, n, dropped)), max_pending_records=50
     )
@@ -168,16 +168,15 @@ async def test_thread_bridge_batches_records_from_another_thread_and_counts_drop
     def produce() -> None:
         for record in records:
             bridge.put(record.tobytes())
-        loop.call_soon_threadsafe(done.set)
 
     thread = threading.Thread(target=produce)
     thread.start()
-    await done.wait()
-    await asyncio.sleep(0)
+    # Every record is delivered or counted as dropped.
+    await wait_until_async(
+        lambda: sum(n + d for _, n, d in drained) == len(records), 10, "every record drained or dropped"
+    )
     thread.join()
     received = sum(n for _, n, _ in drained)
-    dropped = sum(d for _, _, d in drained)
-    assert received + dropped == len(records)
     raw = b"".join(r for r, _, _ in drained)
     decoded = StreamDecoder(framing="message").feed(raw)
     assert len(decoded) == received

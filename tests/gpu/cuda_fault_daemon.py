@@ -22,7 +22,6 @@ import asyncio
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,16 @@ import numpy as np
 from agent.daemon.app import Daemon
 from agent.daemon.lifecycle import State
 from storage import Ledger, open_database
-from tests.daemon.support import config_text, install_model, model_checkpoint, synth_feed, write_config
+from tests.daemon.support import (
+    config_text,
+    install_model,
+    model_checkpoint,
+    quiet,
+    replay_source,
+    synth_feed,
+    write_config,
+)
+from tests.support.wait import wait_until_async
 
 _SOURCE = r"""
 extern "C" __global__ void fault(int* p) { p[threadIdx.x] = 1; }
@@ -64,25 +72,12 @@ class _Messages(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-async def _wait(predicate: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
-
-
-def _quiet(daemon: Daemon) -> bool:
-    """No open order and no ledger write waiting."""
-    status = daemon.status()
-    return status.open_orders == 0 and status.ledger_backlog["pending"] == 0
-
-
 async def _session(root: Path, fault: str, fallback: bool, messages: _Messages) -> dict[str, Any]:
     feed = root / "synth"
     synth_feed(feed)
-    source = f'kind = "replay"\npath = "{feed}"\npace = 20.0'
-    text = config_text(root / "data", source).replace('device = "cpu"', 'device = "cuda"')
+    text = config_text(root / "data", replay_source(feed, pace=20.0)).replace(
+        'device = "cpu"', 'device = "cuda"'
+    )
     text = text.replace("[daemon]\n", f"[daemon]\ncpu_fallback = {str(fallback).lower()}\n")
     config = write_config(root / "daemon.toml", text)
     assert config.device == "cuda" and config.daemon.cpu_fallback is fallback
@@ -92,20 +87,20 @@ async def _session(root: Path, fault: str, fallback: bool, messages: _Messages) 
     task = asyncio.create_task(daemon.run())
     out: dict[str, Any] = {}
     try:
-        await _wait(lambda: daemon.state is State.RUNNING or task.done(), 120)
+        await wait_until_async(lambda: daemon.state is State.RUNNING or task.done(), 120, "the daemon to run")
         if task.done():
             task.result()
-        await _wait(lambda: daemon.counts["fills"] >= 2, 120)
+        await wait_until_async(lambda: daemon.counts["fills"] >= 2, 120, "2 fills")
         engine = daemon.engine
         assert engine is not None
         out["backend_before"] = engine.backend.description
         graphs = engine._model.graphs  # type: ignore[attr-defined]
         for bucket in graphs:
             graphs[bucket] = _FaultyGraph(fault)
-        await _wait(lambda: daemon.counts["inference_failures"] >= 1, 60)
+        await wait_until_async(lambda: daemon.counts["inference_failures"] >= 1, 60, "an inference failure")
         if fallback:
-            await _wait(lambda: daemon.engine is not engine, 60)
-        await _wait(lambda: _quiet(daemon), 60)
+            await wait_until_async(lambda: daemon.engine is not engine, 60, "the CPU engine")
+        await wait_until_async(lambda: quiet(daemon), 60, "no open order or pending write")
         orders, positions = daemon.counts["orders"], daemon.positions
         await asyncio.sleep(1.5)  # an observation window: orders_after tells what it saw
         after = daemon.engine

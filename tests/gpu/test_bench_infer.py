@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.bench import bench_json
+from tests.support.bench import TINY_MODEL, bench_json
 
 KEYS = {
     "device",
@@ -31,10 +31,16 @@ KEYS = {
 
 
 def test_bench_infer_on_the_cpu_prints_its_keys(tmp_path: Path) -> None:
-    tiny = {"WINDOW": "4", "D_MODEL": "16", "N_LAYERS": "1", "HEADDIM": "8"}
-    env = {f"TRADEAGENT__MODEL__{key}": value for key, value in tiny.items()}
     result = bench_json(
-        "infer", "--device", "cpu", "--iterations", "100", "--train-batch", "64", data_dir=tmp_path, env=env
+        "infer",
+        "--device",
+        "cpu",
+        "--iterations",
+        "100",
+        "--train-batch",
+        "64",
+        data_dir=tmp_path,
+        env=TINY_MODEL,
     )
     assert set(result) >= KEYS, KEYS - set(result)
     assert result["device"] == "cpu" and result["train_kind"] == "array code" and result["train_batch"] == 64

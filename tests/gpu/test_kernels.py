@@ -10,6 +10,7 @@ a draw lands within rounding of a CDF step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
@@ -194,6 +195,44 @@ def test_fused_forward_matches_model_forward(cp: ModuleType, cfg: ModelConfig, v
         assert err < 1e-4, err
 
 
+@dataclass(frozen=True)
+class _DecideInputs:
+    """One batch for the whole-decision kernel (fixed seed): 70 slots' windows, bar and step
+    counters and tick values; 64 rows (the last 3 padded) with their new feature rows (one NaN,
+    one inf; the last column the book's spread in ticks), slots, health, positions and regime
+    scales (two NaN)."""
+
+    window: np.ndarray
+    bars: np.ndarray
+    steps: np.ndarray
+    ticks: np.ndarray
+    new: np.ndarray
+    slots: np.ndarray
+    healthy: np.ndarray
+    positions: np.ndarray
+    regime: np.ndarray
+
+    @classmethod
+    def draw(cls, cfg: ModelConfig) -> _DecideInputs:
+        rng = np.random.default_rng(10)
+        slots_n, rows = 70, 64
+        window = (rng.normal(size=(slots_n, cfg.window, cfg.n_features)) * 2).astype(np.float32)
+        bars = rng.integers(cfg.window - 3, cfg.window + 2, size=slots_n).astype(np.uint64)
+        steps = rng.integers(0, 2**40, size=slots_n, dtype=np.uint64)
+        new = rng.normal(size=(rows, cfg.n_features)).astype(np.float32)
+        new[3, 1] = np.nan  # not pushed, not valid
+        new[4, 0] = np.inf
+        new[:, -1] = rng.uniform(0.0, 2.0, size=rows)  # the book's spread in ticks
+        slots = rng.permutation(slots_n)[:rows].astype(np.int32)
+        slots[-3:] = -1  # padded rows
+        healthy = rng.random(rows) > 0.2
+        positions = rng.integers(-3, 4, size=rows).astype(np.int32)
+        regime = rng.uniform(-0.2, 1.3, size=rows).astype(np.float32)
+        regime[:2] = np.nan
+        ticks = rng.choice([5.0, 12.5, 50.0], size=slots_n)
+        return cls(window, bars, steps, ticks, new, slots, healthy, positions, regime)
+
+
 @pytest.mark.parametrize("selection", ["thompson", "greedy"])
 @pytest.mark.parametrize("cfg", [SMALL, ModelConfig(n_features=32)], ids=["small", "default"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -210,22 +249,9 @@ def test_decide_matches_the_reference_chain(
         min_edge_ticks=0.1,
     )
     fee, spread_col = 0.5, cfg.n_features - 1
-    rng = np.random.default_rng(10)
-    slots_n, rows, a = 70, 64, cfg.n_actions
-    window = (rng.normal(size=(slots_n, cfg.window, cfg.n_features)) * 2).astype(np.float32)
-    bars = rng.integers(cfg.window - 3, cfg.window + 2, size=slots_n).astype(np.uint64)
-    steps = rng.integers(0, 2**40, size=slots_n, dtype=np.uint64)
-    new = rng.normal(size=(rows, cfg.n_features)).astype(np.float32)
-    new[3, 1] = np.nan  # not pushed, not valid
-    new[4, 0] = np.inf
-    new[:, spread_col] = rng.uniform(0.0, 2.0, size=rows)  # the book's spread in ticks
-    slots = rng.permutation(slots_n)[:rows].astype(np.int32)
-    slots[-3:] = -1  # padded rows
-    healthy = rng.random(rows) > 0.2
-    positions = rng.integers(-3, 4, size=rows).astype(np.int32)
-    regime = rng.uniform(-0.2, 1.3, size=rows).astype(np.float32)
-    regime[:2] = np.nan
-    ticks = rng.choice([5.0, 12.5, 50.0], size=slots_n)
+    inputs = _DecideInputs.draw(cfg)
+    window, bars, steps, new, slots = inputs.window, inputs.bars, inputs.steps, inputs.new, inputs.slots
+    rows, a = slots.shape[0], cfg.n_actions
     record = out_dtype(a)
     out = cp.full((rows, record.itemsize), 255, dtype=cp.uint8)  # poisoned
     dev_window, dev_bars, dev_steps = cp.asarray(window), cp.asarray(bars), cp.asarray(steps)
@@ -239,12 +265,12 @@ def test_decide_matches_the_reference_chain(
         window=dev_window,
         bars=dev_bars,
         steps=dev_steps,
-        tick_value=cp.asarray(ticks),
+        tick_value=cp.asarray(inputs.ticks),
         rows=cp.asarray(new),
         slots=cp.asarray(slots),
-        healthy=cp.asarray(healthy),
-        positions=cp.asarray(positions),
-        regime=cp.asarray(regime),
+        healthy=cp.asarray(inputs.healthy),
+        positions=cp.asarray(inputs.positions),
+        regime=cp.asarray(inputs.regime),
         policy=policy,
         fee_per_contract=fee,
         spread_column=spread_col,
@@ -258,7 +284,7 @@ def test_decide_matches_the_reference_chain(
     n = int(live.sum())
     # The chain of references, as the CPU engine runs it.
     ref_window = window.copy()
-    pushed = window_push_ref(ref_window, new, slots, healthy)
+    pushed = window_push_ref(ref_window, new, slots, inputs.healthy)
     np.testing.assert_array_equal(cp.asnumpy(dev_window), ref_window)
     assert not pushed[3] and not pushed[4]
     ok = pushed[live] & (bars[slots[live]] + 1 >= cfg.window)
@@ -285,8 +311,24 @@ def test_decide_matches_the_reference_chain(
         draw = thompson_ref(probs.reshape(n, a, cfg.n_atoms), support, policy.seed, slots[live], g["step"])
         assert (g["action"] == draw.action).mean() >= 0.95
     np.testing.assert_array_equal(g["direction"], g["action"] - 1)
-    # Kelly on the kernel's own actions: sizes from float32 vs float64 probabilities.
-    d, tv, spread = g["action"] - 1, ticks[slots[live]], new[live, spread_col]
+    _check_sizing(g, ok, r_probs, inputs, policy=policy, fee=fee, centres=centres)
+
+
+def _check_sizing(
+    g: np.ndarray,
+    ok: np.ndarray,
+    r_probs: np.ndarray,
+    inputs: _DecideInputs,
+    *,
+    policy: PolicyConfig,
+    fee: float,
+    centres: np.ndarray,
+) -> None:
+    """Kelly on the kernel's own actions ``g`` (its live rows; ``ok`` the valid ones): sizes
+    from float32 vs float64 probabilities."""
+    live = inputs.slots >= 0
+    positions, regime = inputs.positions, inputs.regime
+    d, tv, spread = g["action"] - 1, inputs.ticks[inputs.slots[live]], inputs.new[live, -1]
     sizing = kelly_size_ref(
         r_probs,
         centres,

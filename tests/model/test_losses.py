@@ -208,39 +208,30 @@ def test_munchausen_target_is_the_written_out_formula_and_keeps_mass(xp: ModuleT
     r = np.array([0.3, -1.2, 4.9, 9.0, -12.0, 0.0])
     d = np.array([0.7, 0.0, 0.7, 0.7, 0.7, 1.0])
     z = to_numpy(c51_support(cfg, xp, np.float64))
-    m = to_numpy(
-        munchausen_project(
-            xp.asarray(p),
-            xp.asarray(q_next),
-            xp.asarray(q_now),
-            actions=xp.asarray(a),
-            rewards=xp.asarray(r),
-            discounts=xp.asarray(d),
-            support=xp.asarray(z),
-            alpha=0.9,
-            tau=0.3,
-            clip_low=-1.0,
+
+    def project(alpha: float, tau: float) -> np.ndarray:
+        return to_numpy(
+            munchausen_project(
+                xp.asarray(p),
+                xp.asarray(q_next),
+                xp.asarray(q_now),
+                actions=xp.asarray(a),
+                rewards=xp.asarray(r),
+                discounts=xp.asarray(d),
+                support=xp.asarray(z),
+                alpha=alpha,
+                tau=tau,
+                clip_low=-1.0,
+            )
         )
-    )
+
+    m = project(alpha=0.9, tau=0.3)
     np.testing.assert_allclose(
         m, _munchausen_loops((p, q_next, q_now, a, r, d, z), 0.9, 0.3, -1.0), atol=1e-12
     )
     np.testing.assert_allclose(m.sum(axis=1), 1.0, atol=1e-12)
     # Without the bonus and at a vanishing temperature pi is the target's argmax: plain C51 targets.
-    greedy = to_numpy(
-        munchausen_project(
-            xp.asarray(p),
-            xp.asarray(q_next),
-            xp.asarray(q_now),
-            actions=xp.asarray(a),
-            rewards=xp.asarray(r),
-            discounts=xp.asarray(d),
-            support=xp.asarray(z),
-            alpha=0.0,
-            tau=1e-6,
-            clip_low=-1.0,
-        )
-    )
+    greedy = project(alpha=0.0, tau=1e-6)
     best = p[np.arange(batch), np.argmax(q_next, axis=1)]
     np.testing.assert_allclose(
         greedy,

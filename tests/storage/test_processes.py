@@ -17,23 +17,32 @@ from tests.storage.conftest import ES, NQ, Target
 WORKER = Path(__file__).with_name("worker.py")
 
 
-def spawn(target: Target, mode: str, go: Path, n: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), mode, target.config.url, str(target.data_dir), str(go), str(n)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )
+def spawn(target: Target, *jobs: tuple[str, int]) -> list[subprocess.Popen[str]]:
+    """A worker per job (mode, n), all released at once when every one is started: the pipe they
+    wait on is closed."""
+    go, release = os.pipe()
+    try:
+        return [
+            subprocess.Popen(
+                [sys.executable, str(WORKER), mode, target.config.url, str(target.data_dir), str(go), str(n)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=Path(__file__).resolve().parents[2],
+                pass_fds=(go,),
+            )
+            for mode, n in jobs
+        ]
+    finally:
+        os.close(go)
+        os.close(release)
 
 
 def test_daemon_and_retrain_processes_write_at_once(target: Target, tmp_path: Path) -> None:
     with target.open() as db:
         Instruments(db).upsert([ES, NQ])
-    go = tmp_path / "go"
     orders, runs = 200, 8
-    workers = [spawn(target, "daemon", go, orders), spawn(target, "retrain", go, runs)]
-    go.touch()
+    workers = spawn(target, ("daemon", orders), ("retrain", runs))
     for worker in workers:
         _, err = worker.communicate(timeout=300)
         assert worker.returncode == 0, err
@@ -74,9 +83,7 @@ def test_daemon_and_retrain_processes_write_at_once(target: Target, tmp_path: Pa
 def test_an_acknowledged_fill_survives_sigkill_of_the_writer(target: Target, tmp_path: Path) -> None:
     with target.open() as db:
         Instruments(db).upsert([ES, NQ])
-    go = tmp_path / "go"
-    go.touch()
-    worker = spawn(target, "ack", go, 50)
+    (worker,) = spawn(target, ("ack", 50))
     assert worker.stdout is not None
     line = worker.stdout.readline()
     os.kill(worker.pid, signal.SIGKILL)

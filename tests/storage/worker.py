@@ -1,8 +1,9 @@
 """A real writer process for the storage tests (run as a script, never imported by pytest).
 
-``python worker.py MODE URL DATA_DIR GO_FILE [N]``: opens the database as a production process
-would (``URL`` empty: the embedded SQLite file under ``DATA_DIR``), waits until ``GO_FILE``
-exists so that several workers start writing together, then:
+``python worker.py MODE URL DATA_DIR GO_FD [N]``: opens the database as a production process
+would (``URL`` empty: the embedded SQLite file under ``DATA_DIR``), waits until the pipe it reads
+at file descriptor ``GO_FD`` is closed (the parent closes it once every worker is started, so
+that they start writing together), then:
 
 * ``daemon``: like the trading daemon: N orders in batches, each acknowledged and filled, every
   fill batch re-sending the previous one (duplicates), an event per batch;
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import sys
-import time
-from pathlib import Path
 
 from storage import Journal, LearnedFloors, Ledger, ModelRegistry, StorageConfig, open_database
 from storage.values import LedgerFill, LedgerOrder
@@ -106,15 +107,14 @@ def ack(database_args: tuple[StorageConfig, str], n: int) -> None:
         result = ledger.record_fills(_fills("k", 0, n))
         sys.stdout.write("ACK " + " ".join(result.inserted) + "\n")
         sys.stdout.flush()
-        time.sleep(600)
+        signal.pause()  # until the kill
 
 
 def main() -> int:
-    mode, url, data_dir, go_file = sys.argv[1:5]
+    mode, url, data_dir, go_fd = sys.argv[1:5]
     n = int(sys.argv[5]) if len(sys.argv) > 5 else 100
     database_args = (StorageConfig(url=url), data_dir)
-    while not Path(go_file).exists():
-        time.sleep(0.005)
+    os.read(int(go_fd), 1)  # end of file: the parent closed the pipe
     if mode == "daemon":
         print(json.dumps(daemon(database_args, n)))
     elif mode == "retrain":

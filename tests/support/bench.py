@@ -9,6 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+TINY_MODEL = {
+    f"TRADEAGENT__MODEL__{key}": value
+    for key, value in {"WINDOW": "4", "D_MODEL": "16", "N_LAYERS": "1", "HEADDIM": "8"}.items()
+}
+"""Environment that makes the configured model a tiny one (a benchmark's figures are only checked
+for sanity)."""
+
 
 def bench_json(name: str, *args: str, data_dir: Path, env: dict[str, str]) -> dict[str, Any]:
     """The benchmark's JSON (exactly one object on stdout: anything else fails to parse), run with

@@ -26,8 +26,8 @@ import pytest
 
 from agent.cli import main
 from agent.config import load_config
+from agent.policy.floors import VOL_REF_FLOOR
 from agent.train import learner
-from agent.train.floors import VOL_REF_FLOOR
 from agent.train.gates import drift_floor
 from feeds.config import SynthConfig
 from feeds.synth import write_synthetic

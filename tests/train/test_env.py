@@ -15,17 +15,9 @@ from agent.execution.config import FillPrice
 from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Fill, Side
-from agent.trading.observation import observation_rows
+from agent.policy.observation import AGENT_FEATURES, observation_rows
 from agent.train.data import load_archive
-from agent.train.env import (
-    AGENT_FEATURES,
-    EnvData,
-    InstrumentBars,
-    VecEnv,
-    build_env_data,
-    fit_norm,
-    rollout,
-)
+from agent.train.env import EnvData, InstrumentBars, VecEnv, build_env_data, fit_norm, rollout
 from agent.train.errors import TrainError
 from feeds.book import tick_fixed
 from feeds.dbn import read_mbp10
@@ -103,7 +95,7 @@ def test_mid_fills_cost_the_move_of_the_mid_and_the_fee_only() -> None:
 @pytest.mark.parametrize("fill_price", ["book", "mid"])
 def test_the_agent_columns_are_the_ledgers_for_the_same_fills(tmp_path: Path, fill_price: FillPrice) -> None:
     """The environment's two agent columns after each step equal the trading step's observation
-    row (:func:`agent.trading.observation.observation_rows`) of the position and average fill
+    row (:func:`agent.policy.observation.observation_rows`) of the position and average fill
     price that the paper broker's fills give a portfolio for the same orders, marked at the same
     mids: training and trading show the model one state."""
     synth_feed(tmp_path, days=1)

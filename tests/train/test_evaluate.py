@@ -13,8 +13,8 @@ import pytest
 from agent.config import load_config
 from agent.model.checkpoint import checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.params import init_params
+from agent.policy.observation import AGENT_FEATURES
 from agent.train.data import select_instruments
-from agent.train.env import AGENT_FEATURES
 from agent.train.evaluate import AsTradedRunner, eval_workers
 from feeds.config import SynthConfig
 from feeds.features import FEATURE_NAMES

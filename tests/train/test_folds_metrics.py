@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from agent.backtest.metrics import NS_PER_DAY, bucket_sums, choose_bucket_s, performance
 from agent.train.errors import TrainError
 from agent.train.folds import plan_folds, walk_forward_folds
-from agent.train.metrics import NS_PER_DAY, bucket_sums, choose_bucket_s, performance
 
 
 def test_rolling_folds_tile_the_test_period_with_a_gap() -> None:

@@ -10,12 +10,13 @@ import pytest
 
 from agent.kernels.train import UpdateSettings, update_ref
 from agent.model import ModelConfig, init_params
+from agent.policy.observation import AGENT_FEATURES
+from agent.reports.training import render_report
 from agent.train.config import TrainConfig
-from agent.train.env import AGENT_FEATURES, EnvData, build_env_data, fit_norm
+from agent.train.env import EnvData, build_env_data, fit_norm
 from agent.train.learner import Learner
 from agent.train.replay import Transitions
-from agent.train.report import render_report
-from agent.train.run import Curves, RunResult, TrainSummary
+from agent.train.summary import Curves, RunResult, TrainSummary
 from agent.train.trainer import EpochRecord, train_fold
 from feeds.features import FEATURE_NAMES
 from tests.train.test_env import make_bars

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from agent.policy.floors import floor_target, next_floor, vol_ema_of
 from agent.policy.regime import RegimeConfig, RegimeTracker, ema_series
-from agent.train.floors import floor_target, next_floor, vol_ema_of
 
 CFG = RegimeConfig(fast_bars=20, slow_bars=5000, warmup_bars=200)
 SCALE_FLOOR = 0.1

@@ -1,4 +1,5 @@
-"""Out-of-sample performance of a position path (ALGORITHMS section 5).
+"""Out-of-sample performance of a position path (ALGORITHMS section 5): the figures of a backtest
+and of the trainer's folds and gate.
 
 Inputs are per-bar records, one row per (instrument, bar), in any order: net P&L after costs in
 account currency, the cost part of it, contracts traded at the bar, the absolute position held

@@ -1,5 +1,6 @@
 """The training report: one self-contained HTML file with inline SVG plots (no script, no network,
-no plotting library), built from the shared blocks of :mod:`agent.reports`.
+no plotting library) of a :class:`~agent.train.summary.RunResult`, built from the shared blocks
+of :mod:`agent.reports`.
 
 Sections: the decision (promoted, halted, why), per-fold out-of-sample figures of the policy as
 the daemon trades it (what the gate scored) against the baselines and the incumbent, with the
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from agent.reports.page import fmt, page, table, write_atomic
 from agent.reports.svg import COLOURS, Series, line_chart, stacked_bars
-from agent.train.run import RunResult, TrainSummary
+from agent.train.summary import RunResult, TrainSummary
 
 __all__ = ["render_report", "write_report"]
 

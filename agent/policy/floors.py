@@ -4,8 +4,9 @@ The first is the regime ``vol_ref`` floor (:mod:`agent.policy.regime`). Each ret
 target on its training data (a low quantile of the fold's ``vol_ema``, in squared log-return per
 bar) and moves the stored floor a fraction ``rate`` of the way towards it in log space, so one odd
 archive cannot swing it: ``new = exp(log old + rate * (log target - log old))``. The first
-measurement of an instrument is taken as is. Storage keeps every value with its history; both the
-trainer and the daemon read the current value at start.
+measurement of an instrument is taken as is. Storage keeps every value with its history under
+its name (:data:`VOL_REF_FLOOR`); the trainer moves it (:mod:`agent.train.registration`), the
+daemon and the backtests read the current value at start.
 """
 
 from __future__ import annotations
