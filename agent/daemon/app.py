@@ -86,7 +86,7 @@ from agent.daemon.events import Events
 from agent.daemon.intake import DecisionQueue, Intake
 from agent.daemon.lifecycle import Component
 from agent.daemon.metrics import DaemonMetrics
-from agent.daemon.models import ModelHost
+from agent.daemon.model_host import ModelHost
 from agent.daemon.notify import Notifier
 from agent.daemon.placement import Placement
 from agent.daemon.scheduler import RetrainResult, RetrainScheduler, default_command

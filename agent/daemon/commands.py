@@ -10,7 +10,7 @@
   promoted checkpoint back) and ``reload`` (the promoted one, if it changed), each followed by a
   hot swap.
 
-A swap goes through :meth:`agent.daemon.models.ModelHost.activate`, which verifies the
+A swap goes through :meth:`agent.daemon.model_host.ModelHost.activate`, which verifies the
 checkpoint's sha256 and layout fingerprint and switches the engine between two decisions; a
 corrupt or mismatched checkpoint is refused (``swap_refused`` event) and the running model stays.
 At start, :meth:`Commands.serve_initial` loads ``daemon.checkpoint`` or the promoted checkpoint of
@@ -30,7 +30,7 @@ from agent.control.errors import ControlRefused
 from agent.control.messages import ControlRequest
 from agent.daemon.events import Events
 from agent.daemon.metrics import DaemonMetrics
-from agent.daemon.models import ModelHost, ModelRefused
+from agent.daemon.model_host import ModelHost, ModelRefused
 from agent.daemon.scheduler import RetrainResult
 from agent.daemon.status import DaemonStatus
 from agent.daemon.store import SqlWorker

@@ -36,7 +36,7 @@ from agent.daemon.events import Events
 from agent.daemon.intake import Close, DecisionQueue, Intake
 from agent.daemon.lifecycle import Component, State
 from agent.daemon.metrics import DaemonMetrics
-from agent.daemon.models import ModelHost
+from agent.daemon.model_host import ModelHost
 from agent.daemon.placement import Placement
 from agent.daemon.supervision import RiskGuard
 from agent.errors import AgentError
