@@ -6,8 +6,8 @@ Both modes report from the same books (:func:`agent.backtest.books.bar_pnl` over
 marked at the bar-close mids) and the metrics the trainer's gate uses too
 (:func:`agent.backtest.metrics.performance`: Sharpe annualised for the real bar cadence, Sortino,
 drawdown, turnover, hit rate, costs). The
-baselines (flat, random, always long) run through the vectorised driver on the same bars with the
-same costs, one span per instrument over the whole window: always long enters once and holds, as
+baselines (flat, random, always long) run side by side through the vectorised driver on the same
+bars with the same costs, one span per instrument over the whole window: always long enters once and holds, as
 the daemon would hold it (a span per chunk would close and reopen it at every chunk edge and
 charge the baseline a round trip each time). Nothing is written here:
 :func:`agent.reports.backtest.write_backtest` writes the files.
@@ -182,19 +182,21 @@ def _specs(feeds: FeedsConfig, data: Path) -> list[InstrumentSpec]:
     return specs
 
 
-def _books(specs: list[InstrumentSpec], frames: list[BarFrame], fills: FillList) -> Books:
+def _books(
+    specs: list[InstrumentSpec], frames: list[BarFrame], fills: dict[str, np.ndarray[Any, Any]]
+) -> Books:
+    """The per-bar books of ``fills`` (:meth:`FillList.arrays`) over each instrument's bars."""
     cols: dict[str, list[np.ndarray[Any, Any]]] = {k: [] for k in Books.__dataclass_fields__}
-    f = fills.arrays()
     for i, (spec, frame) in enumerate(zip(specs, frames, strict=True)):
-        mine = f["instrument"] == i
+        mine = fills["instrument"] == i
         marks = marks_of(frame)
         books: BarPnl = bar_pnl(
             spec,
             np.nan_to_num(marks),
-            fill_bar=f["bar"][mine],
-            fill_qty=f["qty"][mine],
-            fill_px=f["price"][mine],
-            fill_fee=f["fee"][mine],
+            fill_bar=fills["bar"][mine],
+            fill_qty=fills["qty"][mine],
+            fill_px=fills["price"][mine],
+            fill_fee=fills["fee"][mine],
         )
         cols["ts_ns"].append(frame.ts_close.astype(np.int64))
         cols["instrument"].append(np.full(len(frame), i, dtype=np.int64))
@@ -203,13 +205,25 @@ def _books(specs: list[InstrumentSpec], frames: list[BarFrame], fills: FillList)
     return Books(**{k: np.concatenate(v) for k, v in cols.items()})
 
 
-def _baseline(
-    name: str, bars: BarSet, specs: list[InstrumentSpec], config: Config, regimes: list[Any]
-) -> Books:
-    """A baseline over the whole window, one span per instrument (see the module docstring)."""
-    decider = BaselineDecider(name, len(specs), config.policy.max_contracts, config.seed)
-    fills = run_fast(bars, specs, config, decider, regimes, chunks=1).fills
-    return _books(specs, [bars.frames[s.symbol] for s in specs], fills)
+def _baselines(
+    bars: BarSet, specs: list[InstrumentSpec], config: Config, regimes: list[Any]
+) -> dict[str, Books]:
+    """The baselines over the whole window, one span per instrument (see the module docstring),
+    stepped side by side in one run: baseline ``b`` trades instrument ``i`` in slot
+    ``b * len(specs) + i``."""
+    n = len(specs)
+    decider = BaselineDecider(BASELINES, n, config.policy.max_contracts, config.seed)
+    stacked = [s for _ in BASELINES for s in specs]
+    fills = run_fast(bars, stacked, config, decider, [r for _ in BASELINES for r in regimes], chunks=1).fills
+    f = fills.arrays()
+    frames = [bars.frames[s.symbol] for s in specs]
+    out: dict[str, Books] = {}
+    for b, name in enumerate(BASELINES):
+        mine = f["instrument"] // n == b
+        own = {k: v[mine] for k, v in f.items()}
+        own["instrument"] = own["instrument"] - b * n
+        out[name] = _books(specs, frames, own)
+    return out
 
 
 def _binding(risk: RiskConfig, decisions: dict[str, np.ndarray[Any, Any]], books: Books) -> str | None:
@@ -296,7 +310,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         driven = _fast(
             config, specs, chunks, checkpoint=checkpoint, bars=bars, regimes=regimes, progress=progress
         )
-        books = _books(specs, driven.frames, driven.fills)
+        books = _books(specs, driven.frames, driven.fills.arrays())
         decisions = driven.log.arrays()
         refusal = _binding(config.risk, decisions, books)
         if refusal is None and request.exact and driven.counts["late_orders"]:
@@ -319,13 +333,11 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
             n_records=n_records,
             progress=progress,
         )
-        books = _books(specs, driven.frames, driven.fills)
+        books = _books(specs, driven.frames, driven.fills.arrays())
         decisions = driven.log.arrays()
-    progress.start("baselines", len(BASELINES))
-    base: dict[str, Books] = {}
-    for name in BASELINES:
-        base[name] = _baseline(name, bars, specs, config, regimes)
-        progress.advance("baselines")
+    progress.start("baselines", 1)
+    base = _baselines(bars, specs, config, regimes)
+    progress.advance("baselines")
     bucket = config.train.sharpe_bucket_s
     valid = decisions["valid"].astype(bool) if decisions["valid"].size else np.zeros(0, bool)
     acts = decisions["action"][valid].astype(np.int64)

@@ -193,7 +193,9 @@ class _Columns(NamedTuple):
     tradable: np.ndarray[Any, Any]
     mid_ticks: np.ndarray[Any, Any]
     ts_close: np.ndarray[Any, Any]
-    exec_index: np.ndarray[Any, Any]
+    exec_levels: dict[str, np.ndarray[Any, Any]]
+    """Per bar, the levels (bid_px, bid_sz, ask_px, ask_sz: ``[bars, LEVELS]``) of the book its
+    order meets (:func:`execution_rows`)."""
     late: np.ndarray[Any, Any]
     orderable: np.ndarray[Any, Any]
     """Bars closed together by one record (a gap closes empty bars too): only the last may
@@ -205,15 +207,20 @@ def _columns(
     bars: BarSet, specs: Sequence[InstrumentSpec], frames: Sequence[BarFrame], latency_ms: float
 ) -> _Columns:
     pairs = list(zip(specs, frames, strict=True))
+    met = bars.records[
+        np.concatenate(
+            [execution_rows(bars.records, s.instrument_id, f.close_index, latency_ms) for s, f in pairs]
+        )
+    ]
     return _Columns(
         offsets=np.concatenate([[0], np.cumsum([len(f) for f in frames])]).astype(np.int64),
         features=np.concatenate([f.features for f in frames]),
         tradable=np.concatenate([f.tradable for f in frames]),
         mid_ticks=np.concatenate([f.mid_ticks for f in frames]).astype(np.float64),
         ts_close=np.concatenate([f.ts_close for f in frames]),
-        exec_index=np.concatenate(
-            [execution_rows(bars.records, s.instrument_id, f.close_index, latency_ms) for s, f in pairs]
-        ),
+        exec_levels={
+            name: np.stack([met[f] for f in fields], axis=1) for name, fields in _LEVEL_FIELDS.items()
+        },
         late=np.concatenate(
             [late_executions(bars.records, s.instrument_id, f.close_index, latency_ms) for s, f in pairs]
         ),
@@ -304,8 +311,7 @@ def run_fast(
         if trade.any():
             late_orders += int(cols.late[g[trade]].sum())
             held = _execute(
-                records=bars.records,
-                rows=cols.exec_index[g[trade]],
+                levels={name: v[g[trade]] for name, v in cols.exec_levels.items()},
                 qty=(target - pos)[trade].astype(np.float64),
                 slots=active[trade],
                 held=held,
@@ -323,8 +329,7 @@ def run_fast(
 
 def _execute(
     *,
-    records: np.ndarray[Any, Any],
-    rows: np.ndarray[Any, Any],
+    levels: dict[str, np.ndarray[Any, Any]],
     qty: np.ndarray[Any, Any],
     slots: np.ndarray[Any, Any],
     held: PositionArrays,
@@ -335,12 +340,10 @@ def _execute(
     bar: np.ndarray[Any, Any],
     ts_ns: np.ndarray[Any, Any],
 ) -> PositionArrays:
-    """Market orders of signed size ``qty`` against the books of ``records[rows]``: the paper
+    """Market orders of signed size ``qty`` against the books ``levels``: the paper
     broker's book walk (IOC remainder dropped), priced by its fill rule and rounded to a
     fixed-point unit, fees per contract. Books the fills in ``held`` (one entry per slot) and
     appends them to ``out``."""
-    book = records[rows]
-    levels = {name: np.stack([book[f] for f in fields], axis=1) for name, fields in _LEVEL_FIELDS.items()}
     fill = walk_book(levels["bid_px"], levels["bid_sz"], levels["ask_px"], levels["ask_sz"], qty)
     exec_px = execution_price(fill, levels["bid_px"][:, 0], levels["ask_px"][:, 0], fill_price)
     done = np.isfinite(exec_px)

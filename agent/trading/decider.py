@@ -162,18 +162,45 @@ class ModelDecider(EngineDecider):
 
 
 class BaselineDecider:
-    """A baseline of :data:`BASELINES` as a :class:`Decider`: ``flat``,
-    ``long`` (always ``max_contracts`` long) or ``random`` (uniform over short/flat/long, drawn
-    from Philox keyed by (seed, slot, decision index): reproducible whatever the batching).
-    Healthy rows are valid; no window or sizing is involved."""
+    """Baselines of :data:`BASELINES` as one :class:`Decider`: ``flat``, ``long`` (always
+    ``max_contracts`` long) or ``random`` (uniform over short/flat/long, drawn from Philox keyed by
+    (seed, slot, decision index): reproducible whatever the batching). Healthy rows are valid; no
+    window or sizing is involved.
 
-    def __init__(self, name: str, n_slots: int, max_contracts: int, seed: int) -> None:
-        if name not in BASELINES:
-            raise DeciderError(f"unknown baseline {name!r} (known: {', '.join(BASELINES)})")
-        self.name = name
+    With several ``names`` the baselines run side by side: slot ``b * n_slots + i`` is baseline
+    ``names[b]`` on slot ``i``, keyed as slot ``i`` (so each baseline's decisions are those it
+    makes alone)."""
+
+    _BLOCK = 4096
+    """Random draws generated at once per slot (the same values as one by one)."""
+
+    def __init__(self, names: str | Sequence[str], n_slots: int, max_contracts: int, seed: int) -> None:
+        self.names = (names,) if isinstance(names, str) else tuple(names)
+        unknown = [n for n in self.names if n not in BASELINES]
+        if unknown or not self.names:
+            raise DeciderError(f"unknown baseline {unknown!r} (known: {', '.join(BASELINES)})")
+        self.n_slots = n_slots
         self.max_contracts = max_contracts
         self.seed = seed
-        self._steps = np.zeros(n_slots, dtype=np.uint64)
+        total = n_slots * len(self.names)
+        self._kind = np.repeat([BASELINES.index(n) for n in self.names], n_slots)
+        self._steps = np.zeros(total, dtype=np.uint64)
+        self._draws = np.zeros((total, self._BLOCK), dtype=np.float32)
+        self._drawn_from = np.full(total, np.iinfo(np.uint64).max, dtype=np.uint64)
+
+    def _uniforms(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        """This decision's draw of each of ``slots`` (block 1 of the Thompson stream: never the
+        draws the model's Thompson choice uses, block 0)."""
+        steps = self._steps[slots]
+        first = self._drawn_from[slots]  # the uint64 maximum where no block was drawn yet
+        for k in np.flatnonzero((steps < first) | (steps - first >= np.uint64(self._BLOCK))):
+            slot, step = int(slots[k]), steps[k]
+            ahead = step + np.arange(self._BLOCK, dtype=np.uint64)
+            self._draws[slot] = philox_uniforms(
+                self.seed, slot % self.n_slots, ahead, Purpose.THOMPSON, block=1
+            )[:, 0]
+            self._drawn_from[slot] = step
+        return self._draws[slots, (steps - self._drawn_from[slots]).astype(np.int64)]
 
     def decide(
         self,
@@ -183,15 +210,12 @@ class BaselineDecider:
         regime: F64,
         healthy: npt.NDArray[np.bool_],
     ) -> Decided:
-        n = slots.shape[0]
-        if self.name == "flat":
-            action = np.ones(n, dtype=np.int32)
-        elif self.name == "long":
-            action = np.full(n, 2, dtype=np.int32)
-        else:
-            # block 1 of the Thompson stream: never the draws the model's Thompson choice uses (block 0)
-            u = philox_uniforms(self.seed, slots, self._steps[slots], Purpose.THOMPSON, block=1)[:, 0]
-            action = np.minimum((u * 3.0).astype(np.int32), 2)
+        kind = self._kind[slots]
+        action = np.where(kind == BASELINES.index("long"), 2, 1).astype(np.int32)
+        random = kind == BASELINES.index("random")
+        if random.any():
+            u = self._uniforms(slots[random])
+            action[random] = np.minimum((u * 3.0).astype(np.int32), 2)
         self._steps[slots] += np.uint64(1)
         valid = np.asarray(healthy, dtype=bool)
         target = np.where(valid, (action - 1) * self.max_contracts, positions).astype(np.int32)
