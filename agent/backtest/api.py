@@ -59,7 +59,7 @@ from feeds.dbn import dbn_files, read_metadata
 from feeds.errors import UnknownInstrument
 from feeds.features import BarFrame
 
-__all__ = ["BacktestRequest", "BacktestResult", "BacktestSummary", "Books", "run_backtest"]
+__all__ = ["BacktestRequest", "BacktestResult", "BacktestSummary", "Books", "run_backtest", "run_baselines"]
 
 FAST_CHUNKS = 64
 """Spans per instrument stepped in lockstep by the vectorised driver (``--chunks``)."""
@@ -80,6 +80,9 @@ class BacktestRequest:
     fast: bool = False
     chunks: int = FAST_CHUNKS
     """Vectorised driver only: spans per instrument in lockstep (1 = exact event-driven parity)."""
+    baselines: bool = True
+    """Also trade the baselines on the same bars (the trainer runs them as a job of their own,
+    :func:`run_baselines`); without them the summary's ``baselines`` is empty."""
     exact: bool = False
     """The event-driven run's result by the quickest exact route (the trainer's gate): the
     vectorised driver with one span per instrument when it gives the same decisions, fills and
@@ -226,6 +229,16 @@ def _baselines(
     return out
 
 
+def run_baselines(config: Config, data: Path, start_ns: int | None, end_ns: int | None) -> dict[str, Books]:
+    """The baselines' books over a window, exactly as :func:`run_backtest` trades them beside a
+    model on the same window (the trainer's evaluation runs them as a job of their own)."""
+    selection = select_days(data, start_ns, end_ns)
+    specs = _specs(config.feeds, data)
+    bars = load_bars(data, specs, config.feeds, start_ns=selection.start_ns, end_ns=selection.end_ns)
+    # The baselines do not read the regime scale (run_backtest passes its path or ones).
+    return _baselines(bars, specs, config, [np.ones(len(bars.frames[s.symbol])) for s in specs])
+
+
 def _binding(risk: RiskConfig, decisions: dict[str, np.ndarray[Any, Any]], books: Books) -> str | None:
     """Why a vectorised run cannot stand, if a limit it does not simulate would have acted: its
     orders and its equity after each decision (the books' P&L to the bar, the bar's own fill not
@@ -335,9 +348,11 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         )
         books = _books(specs, driven.frames, driven.fills.arrays())
         decisions = driven.log.arrays()
-    progress.start("baselines", 1)
-    base = _baselines(bars, specs, config, regimes)
-    progress.advance("baselines")
+    base: dict[str, Books] = {}
+    if request.baselines:
+        progress.start("baselines", 1)
+        base = _baselines(bars, specs, config, regimes)
+        progress.advance("baselines")
     bucket = config.train.sharpe_bucket_s
     valid = decisions["valid"].astype(bool) if decisions["valid"].size else np.zeros(0, bool)
     acts = decisions["action"][valid].astype(np.int64)

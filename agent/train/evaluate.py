@@ -1,14 +1,15 @@
 """The gate's as-traded evaluations, run beside the training.
 
 Each fold's model (and the incumbent) is scored by ``tradeagent backtest``'s event-driven
-driver on the fold's test block (:func:`agent.backtest.api.run_backtest`). Those backtests are
-independent of each other and of the folds still training, so :class:`AsTradedRunner` runs them
-in worker processes while the trainer goes on; the results are the same, to the cent, as the
-same backtests run one after another (each is deterministic and starts from nothing but the
-checkpoint, its floors and the window).
+result on the fold's test block (:func:`agent.backtest.api.run_backtest`, by its exact route),
+and the baselines are traded on the same block (:func:`agent.backtest.api.run_baselines`, the
+same books as that backtest's). Those jobs are independent of each other and of the folds still
+training, so :class:`AsTradedRunner` runs them in worker processes while the trainer goes on;
+the results are the same, to the cent, as the same jobs run one after another (each is
+deterministic and starts from nothing but the checkpoint, its floors and the window).
 
 With one worker (``train.eval_workers = 1``, or ``0`` on a host with fewer than four cores) the
-backtests run in this process when submitted, as before. Workers are spawned (never forked: the
+jobs run in this process when submitted. Workers are spawned (never forked: the
 parent may hold a CUDA context) and each builds its own inference engine on the configured
 device.
 """
@@ -20,9 +21,9 @@ import os
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
-from agent.backtest.api import BacktestRequest, BacktestResult, run_backtest
+from agent.backtest.api import BacktestRequest, BacktestResult, Books, run_backtest, run_baselines
 from agent.backtest.inputs import ResolvedCheckpoint
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint
@@ -49,38 +50,47 @@ def _as_traded(
         checkpoint=ResolvedCheckpoint(checkpoint, floors),
         start_ns=window[0],
         end_ns=window[1],
+        baselines=False,
         exact=True,
     )
     return run_backtest(config, request, SILENT)
 
 
-class Pending(Protocol):
-    """An evaluation that may still be running: ``result()`` waits for it (and raises what it
-    raised)."""
-
-    def result(self) -> BacktestResult: ...
+def _baselines(config: Config, data: Path, window: tuple[int, int]) -> dict[str, Books]:
+    """The baselines on one test block (a worker's job)."""
+    return run_baselines(config, data, window[0], window[1])
 
 
-class _Done:
-    """An evaluation run in this process."""
+T_co = TypeVar("T_co", covariant=True)
+V = TypeVar("V")
 
-    def __init__(self, value: BacktestResult | None, error: BaseException | None) -> None:
+
+class Pending(Protocol[T_co]):
+    """A job that may still be running: ``result()`` waits for it (and raises what it raised)."""
+
+    def result(self) -> T_co: ...
+
+
+class _Done(Generic[V]):
+    """A job run in this process."""
+
+    def __init__(self, value: V | None, error: BaseException | None) -> None:
         self._value, self._error = value, error
 
-    def result(self) -> BacktestResult:
+    def result(self) -> V:
         if self._error is not None:
             raise self._error
         assert self._value is not None
         return self._value
 
 
-class _Async:
-    """An evaluation in a worker process."""
+class _Async(Generic[V]):
+    """A job in a worker process."""
 
-    def __init__(self, handle: AsyncResult[BacktestResult]) -> None:
+    def __init__(self, handle: AsyncResult[V]) -> None:
         self._handle = handle
 
-    def result(self) -> BacktestResult:
+    def result(self) -> V:
         return self._handle.get()
 
 
@@ -93,14 +103,27 @@ class AsTradedRunner:
         self.workers = workers
         self._pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
 
-    def submit(self, checkpoint: Checkpoint, floors: dict[int, float], window: tuple[int, int]) -> Pending:
-        """The evaluation of ``checkpoint`` traded with ``floors`` on ``window`` ([start, end) ns)."""
-        args = (self.config, self.data, checkpoint, floors, window)
+    def submit(
+        self, checkpoint: Checkpoint, floors: dict[int, float], window: tuple[int, int]
+    ) -> Pending[BacktestResult]:
+        """The evaluation of ``checkpoint`` traded with ``floors`` on ``window`` ([start, end) ns),
+        without the baselines (:meth:`submit_baselines`)."""
         if self._pool is not None:
-            return _Async(self._pool.apply_async(_as_traded, args))
+            return _Async(
+                self._pool.apply_async(_as_traded, (self.config, self.data, checkpoint, floors, window))
+            )
         try:
-            return _Done(_as_traded(*args), None)
+            return _Done(_as_traded(self.config, self.data, checkpoint, floors, window), None)
         except Exception as exc:  # raised by result(), as a worker's error would be
+            return _Done(None, exc)
+
+    def submit_baselines(self, window: tuple[int, int]) -> Pending[dict[str, Books]]:
+        """The baselines' books on ``window``."""
+        if self._pool is not None:
+            return _Async(self._pool.apply_async(_baselines, (self.config, self.data, window)))
+        try:
+            return _Done(_baselines(self.config, self.data, window), None)
+        except Exception as exc:
             return _Done(None, exc)
 
     def close(self, *, terminate: bool = False) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from agent.backtest.api import BacktestResult, Books
 from agent.backtest.inputs import ns_iso, parse_bound
 from agent.config import Config
 from agent.model import ModelConfig, init_params
@@ -62,8 +63,9 @@ class PendingFold:
     sha256: str
     greedy: Rollout
     """The greedy one-contract diagnostic, taken when the fold was tested."""
-    as_traded: Pending
-    incumbent: Pending | None
+    as_traded: Pending[BacktestResult]
+    baselines: Pending[dict[str, Books]]
+    incumbent: Pending[BacktestResult] | None
 
 
 class Run:
@@ -218,6 +220,7 @@ class Run:
         checkpoint = checkpoint_from_bytes(blob)
         self.tests.append((window, floors, blob))
         as_traded = self.runner.submit(checkpoint, floors, window)
+        baselines = self.runner.submit_baselines(window)
         incumbent = None if self.incumbent is None else self.runner.submit(self.incumbent, floors, window)
         env = self._env_data(parts, norm, self.model_cfg)
         greedy = _evaluate(env, lambda obs, t: self.learner.greedy(obs), cfg)
@@ -237,7 +240,9 @@ class Run:
             )
         )
         self.pending.append(
-            PendingFold(index, edges, test_from, test_to, checkpoint.sha256, greedy, as_traded, incumbent)
+            PendingFold(
+                index, edges, test_from, test_to, checkpoint.sha256, greedy, as_traded, baselines, incumbent
+            )
         )
 
     def collect(self) -> None:
@@ -246,10 +251,11 @@ class Run:
         s, bucket = self.summary, self.config.train.sharpe_bucket_s
         for p in self.pending:
             traded = p.as_traded.result()
+            baselines = p.baselines.result()
             self.progress.advance("evaluate")
             books = traded.books
             self.curves.add("candidate", books)
-            for name, base_books in traded.baselines.items():
+            for name, base_books in baselines.items():
                 self.curves.add(name, base_books)
             self.curves.add("greedy_unit", p.greedy)
             greedy_mix = np.bincount(p.greedy.action, minlength=3) / max(p.greedy.action.shape[0], 1)
@@ -263,7 +269,7 @@ class Run:
                 checkpoint_sha256=p.sha256,
                 as_traded=fold_trading(books, bucket),
                 greedy_unit=fold_trading(p.greedy, bucket),
-                baselines={name: fold_trading(b, bucket) for name, b in traded.baselines.items()},
+                baselines={name: fold_trading(b, bucket) for name, b in baselines.items()},
                 as_traded_mix=[mix["short"], mix["flat"], mix["long"]],
                 greedy_mix=greedy_mix.tolist(),
             )

@@ -153,7 +153,7 @@ def _run_training(config: Config, request: TrainRequest, progress: Progress, bac
         trade_config = msgspec.structs.replace(
             config, feeds=msgspec.structs.replace(config.feeds, instruments=tuple(specs))
         )
-        jobs = len(folds) * (2 if incumbent.checkpoint is not None else 1)
+        jobs = len(folds) * (3 if incumbent.checkpoint is not None else 2)  # model, baselines, incumbent
         with AsTradedRunner(
             trade_config, request.data, workers=eval_workers(cfg.eval_workers, jobs)
         ) as runner:

@@ -1,6 +1,7 @@
 """The gate's as-traded evaluations in worker processes give the backtests' results exactly:
 two windows of a synthetic archive evaluated by spawned workers and in this process, compared
-array for array (the evaluations are deterministic and independent of each other)."""
+array for array (the evaluations are deterministic and independent of each other), and the
+baselines' own job gives the books a backtest trades beside the model."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import msgspec
 import numpy as np
 import pytest
 
+from agent.backtest.api import BacktestRequest, Books, run_backtest
+from agent.backtest.inputs import ResolvedCheckpoint
 from agent.config import load_config
 from agent.model.checkpoint import checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.params import init_params
 from agent.policy.observation import AGENT_FEATURES
+from agent.progress import SILENT
 from agent.train.data import select_instruments
 from agent.train.evaluate import AsTradedRunner, eval_workers
 from feeds.config import SynthConfig
@@ -55,14 +59,38 @@ def test_worker_processes_evaluate_exactly_as_this_process(tmp_path: Path) -> No
     windows = [(first, first + DAY_NS), (first + DAY_NS, first + 2 * DAY_NS)]
     with AsTradedRunner(config, archive, workers=2) as pool:
         remote = [pool.submit(checkpoint, {}, w) for w in windows]
+        remote_base = [pool.submit_baselines(w) for w in windows]
         remote_results = [r.result() for r in remote]
+        remote_baselines = [r.result() for r in remote_base]
     with AsTradedRunner(config, archive, workers=1) as here:
         local_results = [here.submit(checkpoint, {}, w).result() for w in windows]
+        local_baselines = [here.submit_baselines(w).result() for w in windows]
     for got, want in zip(remote_results, local_results, strict=True):
         assert got.summary.pnl == want.summary.pnl
         assert got.summary.orders == want.summary.orders > 0
-        for field in ("pnl", "cost", "traded", "held", "ts_ns"):
-            np.testing.assert_array_equal(getattr(got.books, field), getattr(want.books, field))
+        assert got.summary.baselines == {}  # a job of their own
+        _same_books(got.books, want.books)
+    # the baselines' own job gives the books a backtest trades beside the model
+    whole = run_backtest(
+        config,
+        BacktestRequest(
+            data=archive,
+            checkpoint=ResolvedCheckpoint(checkpoint, {}),
+            start_ns=windows[0][0],
+            end_ns=windows[0][1],
+        ),
+        SILENT,
+    )
+    for got, want in zip(remote_baselines, [whole.baselines, local_baselines[1]], strict=True):
+        assert set(got) == {"flat", "random", "long"}
+        for name in got:
+            _same_books(got[name], want[name])
+    assert remote_baselines[0]["random"].traded.sum() > 0
+
+
+def _same_books(got: Books, want: Books) -> None:
+    for field in ("pnl", "cost", "traded", "held", "ts_ns", "position"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
 
 
 @pytest.mark.parametrize(
