@@ -208,18 +208,16 @@ def _books(
     return Books(**{k: np.concatenate(v) for k, v in cols.items()})
 
 
-def _baselines(
-    bars: BarSet, specs: list[InstrumentSpec], config: Config, regimes: list[Any]
-) -> dict[str, Books]:
+def _baselines(bars: BarSet, specs: list[InstrumentSpec], config: Config) -> dict[str, Books]:
     """The baselines over the whole window, one span per instrument (see the module docstring),
     stepped side by side in one run: baseline ``b`` trades instrument ``i`` in slot
     ``b * len(specs) + i``."""
     n = len(specs)
     decider = BaselineDecider(BASELINES, n, config.policy.max_contracts, config.seed)
     stacked = [s for _ in BASELINES for s in specs]
-    fills = run_fast(bars, stacked, config, decider, [r for _ in BASELINES for r in regimes], chunks=1).fills
-    f = fills.arrays()
     frames = [bars.frames[s.symbol] for s in specs]
+    ones = [np.ones(len(f)) for _ in BASELINES for f in frames]  # the baselines do not read the regime
+    f = run_fast(bars, stacked, config, decider, ones, chunks=1).fills.arrays()
     out: dict[str, Books] = {}
     for b, name in enumerate(BASELINES):
         mine = f["instrument"] // n == b
@@ -235,8 +233,7 @@ def run_baselines(config: Config, data: Path, start_ns: int | None, end_ns: int 
     selection = select_days(data, start_ns, end_ns)
     specs = _specs(config.feeds, data)
     bars = load_bars(data, specs, config.feeds, start_ns=selection.start_ns, end_ns=selection.end_ns)
-    # The baselines do not read the regime scale (run_backtest passes its path or ones).
-    return _baselines(bars, specs, config, [np.ones(len(bars.frames[s.symbol])) for s in specs])
+    return _baselines(bars, specs, config)
 
 
 def _binding(risk: RiskConfig, decisions: dict[str, np.ndarray[Any, Any]], books: Books) -> str | None:
@@ -308,17 +305,11 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
     progress.start("bars", 1)
     bars = load_bars(request.data, specs, config.feeds, start_ns=selection.start_ns, end_ns=selection.end_ns)
     progress.advance("bars")
-    frames = [bars.frames[s.symbol] for s in specs]
-    # The regime path feeds the vectorised driver's decisions; the baselines do not read it.
-    fast = config.broker.order_type == "market" if request.exact else request.fast
-    regimes = (
-        regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, floors))
-        if fast
-        else [np.ones(len(f)) for f in frames]
-    )
     n_records = int(bars.records.shape[0])
     driven: _Driven | None = None
-    if fast:
+    if config.broker.order_type == "market" if request.exact else request.fast:
+        frames = [bars.frames[s.symbol] for s in specs]
+        regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, floors))
         chunks = 1 if request.exact else max(1, request.chunks)
         driven = _fast(
             config, specs, chunks, checkpoint=checkpoint, bars=bars, regimes=regimes, progress=progress
@@ -326,14 +317,10 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         books = _books(specs, driven.frames, driven.fills.arrays())
         decisions = driven.log.arrays()
         refusal = _binding(config.risk, decisions, books)
-        if refusal is None and request.exact and driven.counts["late_orders"]:
-            refusal = (
-                f"{driven.counts['late_orders']} orders would execute after their instrument's next decision"
-            )
         if refusal is not None and not request.exact:
             raise BacktestError(refusal)
-        if refusal is not None:
-            driven = None
+        if refusal is not None or (request.exact and driven.counts["late_orders"]):
+            driven = None  # not the event-driven result: replay event by event
     if driven is None:
         driven = _event(
             config,
@@ -351,7 +338,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
     base: dict[str, Books] = {}
     if request.baselines:
         progress.start("baselines", 1)
-        base = _baselines(bars, specs, config, regimes)
+        base = _baselines(bars, specs, config)
         progress.advance("baselines")
     bucket = config.train.sharpe_bucket_s
     valid = decisions["valid"].astype(bool) if decisions["valid"].size else np.zeros(0, bool)

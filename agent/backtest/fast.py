@@ -44,12 +44,12 @@ from agent.backtest.errors import BacktestError
 from agent.config import Config
 from agent.execution.config import FillPrice
 from agent.execution.fills import (
+    OrderSchedule,
     PositionArrays,
     apply_fills,
     execution_price,
-    execution_rows,
     fees,
-    late_executions,
+    order_schedule,
     walk_book,
 )
 from agent.policy.observation import observation_rows
@@ -179,14 +179,15 @@ class FastRun(NamedTuple):
     per_row_s: float
     """Wall seconds spent in decisions per decision row (the amortised latency)."""
     late_orders: int
-    """Orders that execute after their instrument's next decision (:func:`late_executions`):
-    the event-driven driver decides that bar before the fill, this driver after it. With one
+    """Orders that execute after their instrument's next decision
+    (:func:`agent.execution.fills.order_schedule`): the event-driven driver decides that bar
+    before the fill, this driver after it. With one
     span per instrument and none late (and no risk limit acting), both drivers agree exactly."""
 
 
 class _Columns(NamedTuple):
     """The instruments' bars concatenated (``offsets[i] + bar`` indexes them), with each bar's
-    execution record and whether its order would be late (:func:`late_executions`)."""
+    execution record and whether its order would be late (:func:`agent.execution.fills.order_schedule`)."""
 
     offsets: np.ndarray[Any, Any]
     features: np.ndarray[Any, Any]
@@ -195,7 +196,7 @@ class _Columns(NamedTuple):
     ts_close: np.ndarray[Any, Any]
     exec_levels: dict[str, np.ndarray[Any, Any]]
     """Per bar, the levels (bid_px, bid_sz, ask_px, ask_sz: ``[bars, LEVELS]``) of the book its
-    order meets (:func:`execution_rows`)."""
+    order meets (:func:`agent.execution.fills.order_schedule`)."""
     late: np.ndarray[Any, Any]
     orderable: np.ndarray[Any, Any]
     """Bars closed together by one record (a gap closes empty bars too): only the last may
@@ -206,12 +207,12 @@ class _Columns(NamedTuple):
 def _columns(
     bars: BarSet, specs: Sequence[InstrumentSpec], frames: Sequence[BarFrame], latency_ms: float
 ) -> _Columns:
-    pairs = list(zip(specs, frames, strict=True))
-    met = bars.records[
-        np.concatenate(
-            [execution_rows(bars.records, s.instrument_id, f.close_index, latency_ms) for s, f in pairs]
-        )
-    ]
+    by_id: dict[int, OrderSchedule] = {}  # an instrument may stand in several slots (the baselines)
+    for s, f in zip(specs, frames, strict=True):
+        if s.instrument_id not in by_id:
+            by_id[s.instrument_id] = order_schedule(bars.records, s.instrument_id, f.close_index, latency_ms)
+    schedules = [by_id[s.instrument_id] for s in specs]
+    met = bars.records[np.concatenate([o.rows for o in schedules])]
     return _Columns(
         offsets=np.concatenate([[0], np.cumsum([len(f) for f in frames])]).astype(np.int64),
         features=np.concatenate([f.features for f in frames]),
@@ -221,9 +222,7 @@ def _columns(
         exec_levels={
             name: np.stack([met[f] for f in fields], axis=1) for name, fields in _LEVEL_FIELDS.items()
         },
-        late=np.concatenate(
-            [late_executions(bars.records, s.instrument_id, f.close_index, latency_ms) for s, f in pairs]
-        ),
+        late=np.concatenate([o.late for o in schedules]),
         orderable=np.concatenate([np.r_[f.n_records[1:] > 0, True] for f in frames]),
     )
 

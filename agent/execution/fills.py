@@ -29,13 +29,14 @@ from feeds.records import UNDEF_PRICE
 
 __all__ = [
     "BookFill",
+    "OrderSchedule",
     "PositionArrays",
     "apply_fills",
     "execution_price",
     "execution_rows",
     "fees",
     "fill_costs_ticks",
-    "late_executions",
+    "order_schedule",
     "position_change_cost_ticks",
     "slippage_vs_mid",
     "step_pnl_ticks",
@@ -162,42 +163,39 @@ def position_change_cost_ticks(
     return xp.abs(delta) * (side_cost + fee_ticks)
 
 
-def _order_clock(
+class OrderSchedule(NamedTuple):
+    """When the orders of an instrument's bars execute (:func:`order_schedule`), per bar."""
+
+    rows: np.ndarray[Any, Any]
+    """The index in ``records`` of the book the bar's order meets."""
+    late: np.ndarray[Any, Any]
+    """Whether the order would still be waiting when the next bar is decided."""
+
+
+def order_schedule(
     records: np.ndarray[Any, Any], instrument_id: int, close_index: Array, latency_ms: float
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """The instrument's record indices, their running ``ts_recv``, per bar the position (among
-    them) of the record that closed it, and per bar the order's arrival time."""
+) -> OrderSchedule:
+    """Per bar, the book its order meets as the paper broker has it: the instrument's last record
+    with ``ts_recv <= t + latency``, ``t`` the ``ts_recv`` of the record after the bar's close
+    (the one that closed it); and whether that order is late: the broker executes an order on the
+    instrument's first record after its arrival, so it is late unless it arrives before the
+    record that closes the next bar (the last bar has no next decision: never late).
+    ``close_index``: the bars' last record indices (:attr:`feeds.features.BarFrame.close_index`)."""
     mine = np.flatnonzero(records["instrument_id"] == instrument_id)
     ts = np.maximum.accumulate(records["ts_recv"][mine].astype(np.int64))
     nxt = np.minimum(np.searchsorted(mine, close_index, side="right"), mine.shape[0] - 1)
-    due = ts[nxt] + round(latency_ms * 1_000_000)
-    return mine, ts, nxt, due
+    closer = ts[nxt]
+    due = closer + round(latency_ms * 1_000_000)
+    late = np.zeros(due.shape[0], dtype=bool)
+    late[:-1] = due[:-1] >= closer[1:]
+    return OrderSchedule(rows=mine[np.searchsorted(ts, due, side="right") - 1], late=late)
 
 
 def execution_rows(
     records: np.ndarray[Any, Any], instrument_id: int, close_index: Array, latency_ms: float
 ) -> np.ndarray[Any, Any]:
-    """Per bar, the index in ``records`` of the book its order meets, as the paper broker has
-    it: the instrument's last record with ``ts_recv <= t + latency``, ``t`` the ``ts_recv`` of
-    the record after the bar's close (the one that closed it). ``close_index``: the bars' last
-    record indices (:attr:`feeds.features.BarFrame.close_index`)."""
-    mine, ts, _, due = _order_clock(records, instrument_id, close_index, latency_ms)
-    out: np.ndarray[Any, Any] = mine[np.searchsorted(ts, due, side="right") - 1]
-    return out
-
-
-def late_executions(
-    records: np.ndarray[Any, Any], instrument_id: int, close_index: Array, latency_ms: float
-) -> np.ndarray[Any, Any]:
-    """Per bar, whether an order placed at its close would still be waiting when the next bar is
-    decided: the paper broker executes an order on the instrument's first record after its
-    arrival, so it is late unless it arrives before the record that closes the next bar. The
-    last bar has no next decision (never late)."""
-    _, ts, nxt, due = _order_clock(records, instrument_id, close_index, latency_ms)
-    closer = ts[nxt]
-    late: np.ndarray[Any, Any] = np.zeros(due.shape[0], dtype=bool)
-    late[:-1] = due[:-1] >= closer[1:]
-    return late
+    """Per bar, the index in ``records`` of the book its order meets (:func:`order_schedule`)."""
+    return order_schedule(records, instrument_id, close_index, latency_ms).rows
 
 
 def step_pnl_ticks(

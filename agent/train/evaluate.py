@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from types import TracebackType
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from agent.backtest.api import BacktestRequest, BacktestResult, Books, run_backtest, run_baselines
 from agent.backtest.inputs import ResolvedCheckpoint
@@ -108,21 +109,19 @@ class AsTradedRunner:
     ) -> Pending[BacktestResult]:
         """The evaluation of ``checkpoint`` traded with ``floors`` on ``window`` ([start, end) ns),
         without the baselines (:meth:`submit_baselines`)."""
-        if self._pool is not None:
-            return _Async(
-                self._pool.apply_async(_as_traded, (self.config, self.data, checkpoint, floors, window))
-            )
-        try:
-            return _Done(_as_traded(self.config, self.data, checkpoint, floors, window), None)
-        except Exception as exc:  # raised by result(), as a worker's error would be
-            return _Done(None, exc)
+        return self._submit(_as_traded, (self.config, self.data, checkpoint, floors, window))
 
     def submit_baselines(self, window: tuple[int, int]) -> Pending[dict[str, Books]]:
         """The baselines' books on ``window``."""
+        return self._submit(_baselines, (self.config, self.data, window))
+
+    def _submit(self, job: Callable[..., V], args: tuple[Any, ...]) -> Pending[V]:
+        """``job(*args)`` in a worker, or here at once (its error raised by ``result()``, as a
+        worker's would be)."""
         if self._pool is not None:
-            return _Async(self._pool.apply_async(_baselines, (self.config, self.data, window)))
+            return _Async(self._pool.apply_async(job, args))
         try:
-            return _Done(_baselines(self.config, self.data, window), None)
+            return _Done(job(*args), None)
         except Exception as exc:
             return _Done(None, exc)
 

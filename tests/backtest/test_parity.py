@@ -13,7 +13,7 @@ import pytest
 
 from agent.backtest.api import BacktestRequest, BacktestResult, run_backtest
 from agent.config import Config
-from agent.execution.fills import late_executions
+from agent.execution.fills import order_schedule
 from feeds.records import MBP10_DTYPE
 from tests.backtest.conftest import backtest_config
 
@@ -105,13 +105,13 @@ def test_exact_request_gives_the_event_driven_result(
         assert not np.array_equal(fast.books.position, event.books.position)
 
 
-def test_late_executions_marks_orders_arriving_after_the_next_close() -> None:
+def test_order_schedule_marks_orders_arriving_after_the_next_close() -> None:
     records = np.zeros(6, dtype=MBP10_DTYPE)
     records["instrument_id"] = [7, 7, 9, 7, 7, 7]
     records["ts_recv"] = [0, 100, 150, 200, 300, 1_000]
     # bars end at records 0, 1, 3 and 4 (the record after each one closes it: 1, 3, 4, 5)
     close_index = np.asarray([0, 1, 3, 4])
-    late = late_executions(records, 7, close_index, latency_ms=0.0001)  # 100 ns
+    late = order_schedule(records, 7, close_index, latency_ms=0.0001).late  # 100 ns
     # arrivals 200, 300, 400, 1_100 against the next bars' closing records 200, 300, 1_000
     np.testing.assert_array_equal(late, [True, True, False, False])
-    assert not late_executions(records, 7, close_index, latency_ms=0.0).any()
+    assert not order_schedule(records, 7, close_index, latency_ms=0.0).late.any()
