@@ -40,6 +40,10 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     ``write_queue``, and at a stop those not yet persisted, which the next start replays before
     trading. Empty: ``<data_dir>/spill``. Put it on another filesystem than the database so that
     a full disk there leaves room here. An absolute path; one daemon per directory."""
+    close_grace_ms: float = 50.0
+    """A live feed's time bar whose instrument sends no record past its boundary closes this long
+    after the boundary, on the feed clock (records stamped before the boundary that arrive later
+    go into the next bar). Longer: fewer such records; shorter: a quiet instrument decided sooner."""
     status_interval_s: float = 1.0
     """Main-loop tick: health checks, watchdog ping, stale-feed checks, metrics refresh."""
     lease_timeout_s: float = 30.0
@@ -60,6 +64,8 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
             raise ValueError(f"spill_dir: {self.spill_dir} exists and is not a directory")
         if self.stop_timeout_s <= 0 or self.status_interval_s <= 0 or self.db_retry_s <= 0:
             raise ValueError("daemon timeouts and intervals must be > 0")
+        if not 0 <= self.close_grace_ms < 60_000:
+            raise ValueError(f"close_grace_ms: must be in [0, 60000), got {self.close_grace_ms}")
         if self.lease_timeout_s <= 0:
             raise ValueError("lease_timeout_s: must be > 0")
 

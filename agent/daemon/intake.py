@@ -18,6 +18,14 @@ when the decision task falls behind, the oldest bar closes are dropped and count
   placed before the next record (:meth:`Intake._replay`). A replayed day gives the backtest's
   decisions, orders and fills.
 
+A bar also closes **on the clock**: a time bar whose instrument sends nothing past its boundary
+closes ``daemon.close_grace_ms`` after that boundary, on the feed clock (:meth:`Intake._close_due`):
+by the first record of any instrument stamped that late, or, on a feed that is quiet altogether,
+by a timer on the feed clock extrapolated with the wall clock. A bar is never closed ahead of
+records already received and not yet pushed, and a quiet instrument's decision waits for the
+grace, not for the status tick. Such bars are counted (``clock_closes``) and measured from the
+moment they close.
+
 Health events of the source are counted (``feed_<kind>``, ``rejected_messages``), logged, and
 mark every builder's bars after a gap or a disconnection not tradable; gaps, reconnections and
 disconnections are also published and journaled. A source that fails halts new orders
@@ -121,6 +129,8 @@ class Intake(Component):
         replay: bool,
         venue_latency_ns: int,
         settle: Callable[[], Awaitable[None]],
+        bar_interval_ns: int = 0,
+        close_grace_ns: int = 0,
     ) -> None:
         super().__init__("intake")
         self.source = source
@@ -132,6 +142,16 @@ class Intake(Component):
         self._replay = replay
         self._venue_latency_ns = venue_latency_ns
         self._settle = settle
+        self._interval_ns = bar_interval_ns
+        """Time bars: their length (0: event bars, which never close on the clock)."""
+        self._grace_ns = close_grace_ns
+        self._next_close_ns = 0
+        """The earliest boundary whose bars are not closed by the clock yet."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._inbox: collections.deque[SourceEvent] = collections.deque()
+        """A live feed's events received and not yet pushed (see :meth:`_live`)."""
+        self._ready = asyncio.Event()
+        """Set when the inbox has events, the source ended, or a bar is due on the clock."""
         self.clock_ns = 0
         """Latest ``ts_recv`` seen (the feed's clock, UNIX ns)."""
         self._wall_ns = 0
@@ -153,22 +173,52 @@ class Intake(Component):
         """Until the feed task ended (the end of the data); its error if it failed."""
         await asyncio.gather(*self._tasks)
 
-    def poll(self, now_ns: int) -> None:
-        """The status tick of a live feed: bars a quiet feed closes by the clock (measured from
-        ``now_ns``), and the paper book's clock moved on."""
+    def poll(self) -> None:
+        """The status tick of a live feed: the stale checks and the bars due on the clock
+        (:meth:`_close_due`), and the paper book's clock moved on."""
         if self._replay or not self.clock_ns:
             return
-        feed_now = self.feed_now()
-        frames = self._features.poll(feed_now)
+        self._close_due(force=True)
+        self._venue.advance(self.feed_now())
+
+    def _close_due(self, *, force: bool = False) -> None:
+        """Close the bars whose boundary is more than the grace behind the feed clock: the last
+        record's while received records wait to be pushed (no bar closes ahead of them), else
+        :meth:`feed_now`. Cheap when nothing is due (after every run); ``force`` (the tick) also
+        runs the features' stale checks. Arms the timer for the next boundary."""
+        if not self.clock_ns:
+            return
+        due = (self.clock_ns if self._inbox else self.feed_now()) - self._grace_ns
+        if not force and not (self._interval_ns and due > self._next_close_ns):
+            if self._interval_ns and self._timer is None:
+                self._arm()  # the timer fired early (the feed clock is extrapolated)
+            return
+        frames = self._features.poll(due)
         if frames:
-            self._queue.put(frames, [now_ns] * len(frames))
-        self._venue.advance(feed_now)
+            self._metrics.count("clock_closes", len(frames))
+            self._queue.put(frames, [time.time_ns()] * len(frames))
+        if self._interval_ns:
+            self._next_close_ns = max(self._next_close_ns, -(-due // self._interval_ns) * self._interval_ns)
+            self._arm()
+
+    def _arm(self) -> None:
+        """Wake the feed task when the next boundary is the grace behind the feed clock."""
+        if self._timer is not None:
+            self._timer.cancel()
+        wait_ns = self._next_close_ns + self._grace_ns + 1 - self.feed_now()
+        self._timer = asyncio.get_running_loop().call_later(max(0, wait_ns) / 1e9, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._ready.set()
 
     async def _start(self) -> None:
         await self.source.start()
         self._task(self._feed(), "feed")
 
     async def _stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         await self.source.stop()
         await self._cancel_tasks()
 
@@ -209,9 +259,8 @@ class Intake(Component):
         array. A NATS message carries a few records, and the per-call costs of the book, bars,
         features and the paper broker are ~100 us: one call per message cannot keep up with
         10k records/s, one call per run can. Health events are handled in their place between
-        runs."""
-        inbox: collections.deque[SourceEvent] = collections.deque()
-        ready = asyncio.Event()
+        runs; after each run the bars due on the clock close (:meth:`_close_due`)."""
+        inbox, ready = self._inbox, self._ready
         intake = asyncio.get_running_loop().create_task(_inbox(source, inbox, ready), name="inbox")
         try:
             while not (intake.done() and not inbox):
@@ -228,6 +277,7 @@ class Intake(Component):
                     else:
                         run.append(event)
                 self._on_run(run)
+                self._close_due()
             intake.result()  # the source's failure, if it failed
         finally:
             intake.cancel()

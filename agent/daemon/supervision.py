@@ -10,8 +10,8 @@ then closes each position with a market order, one step per round and per tick u
 :class:`Supervisor` ticks every ``daemon.status_interval_s`` (more often under a systemd
 watchdog: half its period):
 
-* a live feed's bars that close by the clock on a quiet feed, and the paper book's clock
-  (:meth:`agent.daemon.intake.Intake.poll`);
+* a live feed's stale checks (its bars close on the clock in the feed task, a grace after their
+  boundary) and the paper book's clock (:meth:`agent.daemon.intake.Intake.poll`);
 * the venue: a ``venue`` halt while the gateway's heartbeat is lost or an order has had no
   answer for ``broker.ack_timeout_s``, cleared when healthy again. An order whose report waits
   in the ledger write queue (the database slow or refusing writes) was answered: the venue is
@@ -139,7 +139,7 @@ class Supervisor(Component):
             self._tick(time.time_ns())
 
     def _tick(self, now_ns: int) -> None:
-        self._intake.poll(now_ns)
+        self._intake.poll()
         self._check_venue(now_ns)
         if "database" in self._events.halts.active and not self._probing:
             self._probing = True
