@@ -133,9 +133,7 @@ def regime_path(frames: Sequence[BarFrame], tracker: RegimeTracker) -> list[np.n
     logret = np.full((longest, n), np.nan)
     for i, f in enumerate(frames):
         logret[: len(f), i] = np.where(f.tradable, f.features[:, _LOGRET].astype(np.float64), np.nan)
-    out = np.empty((longest, n))
-    for k in range(longest):
-        out[k] = tracker.update(logret[k])
+    out = tracker.path(logret)
     return [out[: len(f), i].copy() for i, f in enumerate(frames)]
 
 

@@ -123,6 +123,42 @@ class RegimeTracker:
         self.scale = np.where(ok, self._ratio(), self.scale)
         return self.scale
 
+    def path(self, log_returns: Any) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """:meth:`update` for each row of ``log_returns`` (``[T, n]``), the scales ``[T, n]``: the
+        same arithmetic in the same order, so the same bits, one instrument at a time as a
+        scalar loop (a NumPy call per bar costs ~20x more on a backtest's million bars)."""
+        lr = np.asarray(log_returns, dtype=np.float64)
+        if lr.ndim != 2 or lr.shape[1] != self.floors.shape[0]:
+            raise ValueError(f"log_returns must be [T, {self.floors.shape[0]}], got {lr.shape}")
+        out = np.empty_like(lr)
+        for i in range(lr.shape[1]):
+            out[:, i] = self._path_of(i, lr[:, i].tolist())
+        return out
+
+    def _path_of(self, i: int, returns: list[float]) -> list[float]:
+        """Instrument ``i``'s scales over ``returns``, its state advanced (:meth:`path`)."""
+        cfg = self.config
+        fast, keep_fast = cfg.fast_alpha, 1 - cfg.fast_alpha
+        slow, keep_slow = cfg.slow_alpha, 1 - cfg.slow_alpha
+        warmup, lo, floor = cfg.warmup_bars, self.scale_floor, float(self.floors[i])
+        ema, ref, scale = float(self.vol_ema[i]), float(self.vol_ref[i]), float(self.scale[i])
+        count = int(self.count[i])
+        isfinite, isnan = math.isfinite, math.isnan
+        out = []
+        for x in returns:
+            if isfinite(x):
+                sq = x * x
+                ema = sq if count == 0 else keep_fast * ema + fast * sq
+                count += 1
+                ref = ref + (ema - ref) / count if count <= warmup else keep_slow * ref + slow * ema
+                ratio = (ref if isnan(ref) or ref >= floor else floor) / (ema + _EPS)  # as np.maximum
+                scale = min(max(ratio, lo), 1.0) if isfinite(ratio) else lo
+            elif not isnan(x):
+                self.rejected += 1  # +-inf; NaN is "no bar"
+            out.append(scale)
+        self.vol_ema[i], self.vol_ref[i], self.count[i], self.scale[i] = ema, ref, count, scale
+        return out
+
     def _ratio(self) -> np.ndarray[Any, np.dtype[np.float64]]:
         eff = np.maximum(self.vol_ref, self.floors)
         ratio = eff / (self.vol_ema + _EPS)

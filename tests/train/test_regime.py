@@ -56,6 +56,27 @@ def test_ema_series_matches_the_tracker_recursion() -> None:
     np.testing.assert_allclose(vol_ema_of(lr, CFG), stepped, rtol=1e-10)
 
 
+def test_path_gives_the_bits_of_stepping_bar_by_bar() -> None:
+    rng = np.random.default_rng(3)
+    lr = rng.normal(0.0, 1e-4, (3000, 3))
+    lr[rng.random(lr.shape) < 0.1] = np.nan  # bars that are not tradable
+    lr[5, 0], lr[17, 1], lr[40, 2] = np.inf, -np.inf, 0.0
+    lr[100:130, 2] = 1e200  # a square that overflows: inf, then inf - inf in the running mean
+    cfg = RegimeConfig(fast_bars=20, slow_bars=500, warmup_bars=50)
+    trackers = [RegimeTracker(cfg, SCALE_FLOOR, [0.0, 2e-9, 1e-12]) for _ in range(2)]
+    for t in trackers:
+        t.warm_start([np.nan, 1e-8, np.nan])  # one instrument warm, two cold
+    with np.errstate(over="ignore", invalid="ignore"):
+        stepped = np.stack([trackers[0].update(row).copy() for row in lr])
+    path = trackers[1].path(lr)
+    np.testing.assert_array_equal(path, stepped)
+    for name in ("vol_ema", "vol_ref", "count", "scale", "rejected"):
+        np.testing.assert_array_equal(getattr(trackers[1], name), getattr(trackers[0], name))
+    assert trackers[1].rejected == 2 and np.isnan(stepped[130:, 2]).sum() == 0
+    with pytest.raises(ValueError, match=r"\[T, 3\]"):
+        trackers[1].path(lr[:, :2])
+
+
 def test_tracker_cold_start_running_mean_and_bad_input() -> None:
     tracker = RegimeTracker(CFG, SCALE_FLOOR, [0.0, 0.0])
     # Both instruments see 0/0 at first: the scale is finite.
