@@ -11,7 +11,8 @@ weights) served on the configured device, with the configured policy, bars and b
     ledger (throwaway SQLite), timed from the first record to the last.
 ``fast_records_per_s``
     the vectorised driver (:mod:`agent.backtest.fast`): read and decode the file, vectorised
-    features, regime path and ``--chunks`` spans per instrument decided in lockstep.
+    features, regime path and ``--chunks`` spans per instrument decided in lockstep. Both drivers
+    are timed once their engine is built (device start and kernel compilation excluded).
 ``peak_rss_mb``
     the process's peak resident memory while the two drivers ran (MiB; Linux resets the peak
     after the benchmark file is prepared, elsewhere the whole process's peak).
@@ -79,16 +80,16 @@ def _checkpoint(config: Config) -> Checkpoint:
 
 def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tuple[float, int, int]:
     specs = list(config.feeds.instruments)
-    start = time.perf_counter()
-    bars = load_bars(path, specs, config.feeds, start_ns=0, end_ns=2**62)
-    frames = [bars.frames[s.symbol] for s in specs]
-    regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, [0.0] * len(specs)))
-    decider = run_decider(checkpoint, config, specs, chunks)
+    decider = run_decider(checkpoint, config, specs, chunks)  # the engine's start is not timed, as in _event
     try:
-        log = run_fast(bars, specs, config, decider, regimes, chunks=chunks).log
+        start = time.perf_counter()
+        bars = load_bars(path, specs, config.feeds, start_ns=0, end_ns=2**62)
+        frames = [bars.frames[s.symbol] for s in specs]
+        tracker = RegimeTracker(config.regime, config.policy.scale_floor, [0.0] * len(specs))
+        log = run_fast(bars, specs, config, decider, regime_path(frames, tracker), chunks=chunks).log
+        elapsed = time.perf_counter() - start
     finally:
         decider.close()
-    elapsed = time.perf_counter() - start
     return bars.records.shape[0] / elapsed, sum(len(f) for f in frames), int(log.arrays()["ts_ns"].size)
 
 
