@@ -11,8 +11,8 @@ weights) served on the configured device, with the configured policy, bars and b
     ledger (throwaway SQLite), timed from the first record to the last.
 ``fast_records_per_s``
     the vectorised driver (:mod:`agent.backtest.fast`): read and decode the file, vectorised
-    features, regime path and ``--chunks`` spans per instrument decided in lockstep. Both drivers
-    are timed once their engine is built (device start and kernel compilation excluded).
+    features, regime path and ``--chunks`` spans per instrument decided in lockstep. Neither
+    driver's time includes building its engine (device start, kernel compilation).
 ``peak_rss_mb``
     the process's peak resident memory while the two drivers ran (MiB; Linux resets the peak
     after the benchmark file is prepared, elsewhere the whole process's peak).
@@ -80,14 +80,18 @@ def _checkpoint(config: Config) -> Checkpoint:
 
 def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tuple[float, int, int]:
     specs = list(config.feeds.instruments)
-    decider = run_decider(checkpoint, config, specs, chunks)  # the engine's start is not timed, as in _event
+    start = time.perf_counter()
+    bars = load_bars(path, specs, config.feeds, start_ns=0, end_ns=2**62)
+    frames = [bars.frames[s.symbol] for s in specs]
+    regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, [0.0] * len(specs)))
+    elapsed = time.perf_counter() - start
+    # Built where `tradeagent backtest --fast` builds it (after the bars, so the peak memory is
+    # the command's), and, as in _event, its start (device, kernel compilation) not timed.
+    decider = run_decider(checkpoint, config, specs, chunks)
     try:
         start = time.perf_counter()
-        bars = load_bars(path, specs, config.feeds, start_ns=0, end_ns=2**62)
-        frames = [bars.frames[s.symbol] for s in specs]
-        tracker = RegimeTracker(config.regime, config.policy.scale_floor, [0.0] * len(specs))
-        log = run_fast(bars, specs, config, decider, regime_path(frames, tracker), chunks=chunks).log
-        elapsed = time.perf_counter() - start
+        log = run_fast(bars, specs, config, decider, regimes, chunks=chunks).log
+        elapsed += time.perf_counter() - start
     finally:
         decider.close()
     return bars.records.shape[0] / elapsed, sum(len(f) for f in frames), int(log.arrays()["ts_ns"].size)
