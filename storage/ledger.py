@@ -55,7 +55,7 @@ from storage.values import (
     Side,
 )
 
-__all__ = ["Ledger", "apply_fill"]
+__all__ = ["Ledger", "LedgerWrite", "OrderUpdate", "apply_fill"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,39 @@ def apply_fill(
         fees=position.fees + fee,
         last_fill_id=ledger_id,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class OrderUpdate:
+    """An acknowledgement, cancel or reject of an order (:meth:`Ledger.update_order`)."""
+
+    client_order_id: str
+    status: OrderStatus
+    ts_ns: int
+    reason: str | None = None
+
+    def check(self) -> None:
+        if self.status not in ("acked", "cancelled", "rejected"):
+            raise InvalidRecord(
+                f"order {self.client_order_id}: status {self.status!r} is set by fills, not by update_order"
+            )
+
+
+LedgerWrite = LedgerOrder | LedgerFill | OrderUpdate
+"""One write of :meth:`Ledger.record`."""
+
+
+def _unique_fills(fills: Sequence[LedgerFill]) -> list[LedgerFill]:
+    """``fills`` checked, each fill id once (the same fill twice is one; twice with different
+    content is refused)."""
+    for fill in fills:
+        check_fill(fill)
+    unique: dict[str, LedgerFill] = {}
+    for fill in fills:
+        first = unique.setdefault(fill.fill_id, fill)
+        if first != fill:
+            raise InvalidRecord(f"fill {fill.fill_id} appears twice in the batch with different content")
+    return list(unique.values())
 
 
 @dataclass(slots=True)
@@ -144,50 +177,44 @@ class Ledger:
         """
         for order in orders:
             check_order(order)
+        return self._db.write(lambda s: self._record_orders(s, orders), what="record orders")
 
-        def work(session: Session) -> tuple[str, ...]:
-            rows = [
-                {
-                    "client_order_id": o.client_order_id,
-                    "session_id": o.session_id,
-                    "account": o.account,
-                    "instrument_id": o.instrument_id,
-                    "side": o.side,
-                    "qty": o.qty,
-                    "order_type": o.order_type,
-                    "limit_price": o.limit_price,
-                    "status": "new",
-                    "filled_qty": 0,
-                    "ts_created_ns": o.ts_ns,
-                    "ts_updated_ns": o.ts_ns,
-                }
-                for o in orders
-            ]
-            new = {
-                r[0]
-                for r in insert_ignoring_conflicts(
-                    session, OrderRow, rows, ["client_order_id"], ["client_order_id"]
+    @staticmethod
+    def _record_orders(session: Session, orders: Sequence[LedgerOrder]) -> tuple[str, ...]:
+        rows = [
+            {
+                "client_order_id": o.client_order_id,
+                "session_id": o.session_id,
+                "account": o.account,
+                "instrument_id": o.instrument_id,
+                "side": o.side,
+                "qty": o.qty,
+                "order_type": o.order_type,
+                "limit_price": o.limit_price,
+                "status": "new",
+                "filled_qty": 0,
+                "ts_created_ns": o.ts_ns,
+                "ts_updated_ns": o.ts_ns,
+            }
+            for o in orders
+        ]
+        key = ["client_order_id"]
+        new = {r[0] for r in insert_ignoring_conflicts(session, OrderRow, rows, key, key)}
+        seen = [o for o in orders if o.client_order_id not in new]
+        if seen:
+            stored = {
+                r.client_order_id: r
+                for r in session.scalars(
+                    select(OrderRow).where(OrderRow.client_order_id.in_([o.client_order_id for o in seen]))
                 )
             }
-            seen = [o for o in orders if o.client_order_id not in new]
-            if seen:
-                stored = {
-                    r.client_order_id: r
-                    for r in session.scalars(
-                        select(OrderRow).where(
-                            OrderRow.client_order_id.in_([o.client_order_id for o in seen])
-                        )
+            for order in seen:
+                row = stored.get(order.client_order_id)
+                if row is None or not same_order(row, order):
+                    raise InvalidRecord(
+                        f"client_order_id {order.client_order_id} is already used by a different order"
                     )
-                }
-                for order in seen:
-                    row = stored.get(order.client_order_id)
-                    if row is None or not same_order(row, order):
-                        raise InvalidRecord(
-                            f"client_order_id {order.client_order_id} is already used by a different order"
-                        )
-            return tuple(o.client_order_id for o in orders if o.client_order_id in new)
-
-        return self._db.write(work, what="record orders")
+        return tuple(o.client_order_id for o in orders if o.client_order_id in new)
 
     def record_order(self, order: LedgerOrder) -> OrderRecord:
         """Record one order idempotently and return it as stored."""
@@ -214,24 +241,23 @@ class Ledger:
         terminal state (filled, cancelled, rejected) keeps it: a cancel acknowledgement that
         crosses a fill is normal and is not an error.
         """
-        if status not in ("acked", "cancelled", "rejected"):
-            raise InvalidRecord(
-                f"order {client_order_id}: status {status!r} is set by fills, not by update_order"
-            )
+        change = OrderUpdate(client_order_id, status, ts_ns, reason)
+        change.check()
+        return self._db.write(lambda s: self._update_order(s, change), what="update order")
 
-        def work(session: Session) -> OrderRecord:
-            row = session.scalar(
-                select(OrderRow).where(OrderRow.client_order_id == client_order_id).with_for_update()
-            )
-            if row is None:
-                raise InvalidRecord(f"no order {client_order_id} to update")
-            if row.status not in _TERMINAL and not (status == "acked" and row.status == "partially_filled"):
-                row.status = status
-                row.reason = reason
-                row.ts_updated_ns = max(row.ts_updated_ns, ts_ns)
-            return order_record(row)
-
-        return self._db.write(work, what="update order")
+    @staticmethod
+    def _update_order(session: Session, change: OrderUpdate) -> OrderRecord:
+        row = session.scalar(
+            select(OrderRow).where(OrderRow.client_order_id == change.client_order_id).with_for_update()
+        )
+        if row is None:
+            raise InvalidRecord(f"no order {change.client_order_id} to update")
+        status = change.status
+        if row.status not in _TERMINAL and not (status == "acked" and row.status == "partially_filled"):
+            row.status = status
+            row.reason = change.reason
+            row.ts_updated_ns = max(row.ts_updated_ns, change.ts_ns)
+        return order_record(row)
 
     def open_orders(self, account: str = "default") -> list[OrderRecord]:
         """Orders of ``account`` still working (new, acked, partially filled), oldest first."""
@@ -258,15 +284,8 @@ class Ledger:
         input (unknown order, over-fill, NaN fee, a fill id reused with other content; nothing
         stored).
         """
-        for fill in fills:
-            check_fill(fill)
-        unique: dict[str, LedgerFill] = {}
-        for fill in fills:
-            first = unique.setdefault(fill.fill_id, fill)
-            if first != fill:
-                raise InvalidRecord(f"fill {fill.fill_id} appears twice in the batch with different content")
-        batch = list(unique.values())
-        ids = tuple(unique)
+        batch = _unique_fills(fills)
+        ids = tuple(f.fill_id for f in batch)
         if not batch:
             return FillsResult(inserted=(), duplicates=())
 
@@ -276,6 +295,44 @@ class Ledger:
             )
 
         return self._db.write(lambda s: self._record_fills(s, batch), what="record fills", give_up=give_up)
+
+    def record(self, writes: Sequence[LedgerWrite]) -> None:
+        """Several writes in one transaction, each as its own method would make it: orders as
+        :meth:`record_orders`, fills as :meth:`record_fills`, status changes as
+        :meth:`update_order`. The orders are inserted first, all together (a fill or change
+        always follows its order's row); the fills and changes then apply in their order, each
+        run of consecutive fills at once. All or nothing, with the same errors as those methods
+        (for a writer that needs no per-write result, such as the event-driven backtest)."""
+        orders = [w for w in writes if isinstance(w, LedgerOrder)]
+        for order in orders:
+            check_order(order)
+        steps: list[list[LedgerFill] | OrderUpdate] = []
+        for w in writes:
+            if isinstance(w, OrderUpdate):
+                w.check()
+                steps.append(w)
+            elif isinstance(w, LedgerFill):
+                if steps and isinstance(steps[-1], list):
+                    steps[-1].append(w)
+                else:
+                    steps.append([w])
+        runs = [step if isinstance(step, OrderUpdate) else _unique_fills(step) for step in steps]
+
+        def work(session: Session) -> None:
+            if orders:
+                self._record_orders(session, orders)
+            for step in runs:
+                if isinstance(step, OrderUpdate):
+                    self._update_order(session, step)
+                else:
+                    self._record_fills(session, step)
+                # Each step reads the rows as the last one left them: its ORM changes flushed,
+                # the objects it loaded expired (the fills' bulk updates bypass them).
+                session.flush()
+                session.expire_all()
+
+        if writes:
+            self._db.write(work, what=f"record {len(writes)} ledger writes")
 
     def _record_fills(self, session: Session, batch: list[LedgerFill]) -> FillsResult:
         order_ids = sorted({f.client_order_id for f in batch})

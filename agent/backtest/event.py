@@ -9,8 +9,10 @@ batched inference engine with ``policy.selection`` + Kelly x regime, the hard ri
 position clamp, order rate on the feed clock, daily loss and drawdown breach = flatten and
 halt, checked after every decision round), the order manager, the paper broker
 (:class:`agent.execution.broker.PaperBroker`: latency on the feed clock, book walk, IOC
-remainder, fees) and the SQL ledger in a throwaway SQLite database: every order is recorded
-before it is sent and every fill is committed before the position counts it.
+remainder, fees) and the SQL ledger in a throwaway SQLite database: every order, fill, cancel
+and reject is written in its order, one transaction per replayed batch of records (the daemon
+commits each before it counts; here a failure ends the whole run, so nothing counted can be
+missing from a ledger that is read back).
 
 Clock: the feed's ``ts_recv``. A bar closes when a record past its end arrives; its decision is
 taken once that record has reached the book, and the order placed at its ``ts_recv`` executes
@@ -48,7 +50,7 @@ from feeds.sources import HealthEvent, HealthKind, ReplaySource
 from storage.database import Database
 from storage.instruments import Instruments
 from storage.journal import Journal
-from storage.ledger import Ledger
+from storage.ledger import Ledger, LedgerWrite, OrderUpdate
 from storage.values import InstrumentInfo
 
 __all__ = ["EventDriver", "EventRun"]
@@ -111,6 +113,8 @@ class EventDriver:
             cancel=lambda request: self._reports(self.broker.cancel(request)),
         )
         self.ledger = Ledger(database)
+        self._writes: list[LedgerWrite] = []
+        """Ledger writes of the batch of records being replayed (:meth:`_flush`)."""
         self.database = database
         self.bars_seen = [0] * len(specs)
         self.order_bar: dict[str, tuple[int, int]] = {}
@@ -159,12 +163,14 @@ class EventDriver:
                     started = True
                     self.trading.risk.start(0.0, int(records["ts_recv"][0]))
                 self._batch(records)
+                self._flush()
                 self.run.records += int(records.shape[0])
                 if self._on_records is not None:
                     self._on_records(int(records.shape[0]))
         finally:
             await source.stop()
         self._settle()
+        self._flush()
         Journal(self.database).end_session(session, reason="backtest finished")
         self.run.counts = dict(self._counts)
         self.run.counts["rejected_records"] = self.features.rejected
@@ -193,11 +199,15 @@ class EventDriver:
         if reports:
             self._reports(reports)
 
+    def _flush(self) -> None:
+        """Write the batch's ledger rows in one transaction."""
+        if self._writes:
+            self.ledger.record(self._writes)
+            self._writes = []
+
     def _reports(self, reports: list[Report]) -> None:
-        """Fills are committed to the ledger first, then counted by the orders and the position."""
-        fills = [r for r in reports if isinstance(r, Fill)]
-        if fills:
-            self.ledger.record_fills(ledger_fills(fills))
+        """Fills go to the ledger and are counted by the orders and the position."""
+        self._writes.extend(ledger_fills([r for r in reports if isinstance(r, Fill)]))
         for report in reports:
             if isinstance(report, Fill):
                 self.orders.apply(report)
@@ -213,11 +223,13 @@ class EventDriver:
                 self._count("fills")
             elif isinstance(report, Cancelled | Reject):
                 self.orders.apply(report)
-                self.ledger.update_order(
-                    report.client_order_id,
-                    "cancelled" if isinstance(report, Cancelled) else "rejected",
-                    ts_ns=report.ts_ns,
-                    reason=getattr(report, "reason", None),
+                self._writes.append(
+                    OrderUpdate(
+                        report.client_order_id,
+                        "cancelled" if isinstance(report, Cancelled) else "rejected",
+                        report.ts_ns,
+                        getattr(report, "reason", None),
+                    )
                 )
                 self._count("cancelled" if isinstance(report, Cancelled) else "rejected")
             else:
@@ -254,7 +266,7 @@ class EventDriver:
             self._check_risk(now_ns)
 
     def _send(self, order: NewOrder, i: int, bar: int) -> None:
-        self.ledger.record_orders(ledger_orders([order], account=ACCOUNT, session_id=self.session_id))
+        self._writes.extend(ledger_orders([order], account=ACCOUNT, session_id=self.session_id))
         self.order_bar[order.client_order_id] = (i, bar)
         self._count("orders")
         reports = self.broker.submit(order)

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from storage import Database, Ledger, apply_fill
 from storage.errors import InvalidRecord, NotFound
+from storage.ledger import LedgerWrite, OrderUpdate
 from storage.values import FillsResult, LedgerFill, LedgerOrder, PositionState
 
 PX = 1_000_000_000  # one price unit in DBN fixed point
@@ -118,6 +119,64 @@ def test_order_updates_and_terminal_states(db: Database) -> None:
         ledger.update_order("b", "filled", ts_ns=9)
     with pytest.raises(InvalidRecord):
         ledger.update_order("zz", "acked", ts_ns=9)
+
+
+def _writes(prefix: str, account: str) -> list[LedgerWrite]:
+    def o(cid: str, side: str, qty: int) -> LedgerOrder:
+        return order(prefix + cid, side, qty, account=account)
+
+    def f(fid: str, cid: str, price: float) -> LedgerFill:
+        return fill(prefix + fid, prefix + cid, price=price)
+
+    return [
+        o("a", "buy", 2),
+        f("f1", "a", 5000.0),
+        o("b", "sell", 2),
+        OrderUpdate(prefix + "b", "rejected", 3, "risk"),
+        f("f2", "a", 5002.0),
+        f("f2", "a", 5002.0),  # the same fill twice is one
+        o("c", "sell", 1),
+        OrderUpdate(prefix + "c", "acked", 4),
+        f("f3", "c", 5010.0),
+        OrderUpdate(prefix + "c", "cancelled", 5, "late"),  # after its fill: the terminal state stays
+    ]
+
+
+def _state(ledger: Ledger, prefix: str, account: str) -> tuple[object, ...]:
+    orders = [ledger.order(prefix + cid) for cid in "abc"]
+    return (
+        [(o.status, o.filled_qty, o.reason, o.ts_updated_ns) for o in orders],
+        [(f.fill_id[len(prefix) :], f.qty, f.price) for f in ledger.fills(account=account)],
+        ledger.positions(account),
+    )
+
+
+def test_record_makes_each_write_in_its_order_in_one_transaction(db: Database) -> None:
+    ledger = Ledger(db)
+    ledger.record(_writes("", "default"))
+    for w in _writes("s", "solo"):  # the same writes, one call each
+        if isinstance(w, LedgerOrder):
+            ledger.record_orders([w])
+        elif isinstance(w, LedgerFill):
+            ledger.record_fills([w])
+        else:
+            ledger.update_order(w.client_order_id, w.status, ts_ns=w.ts_ns, reason=w.reason)
+    batched, single = _state(ledger, "", "default"), _state(ledger, "s", "solo")
+    assert batched[:2] == single[:2]
+    # c: acked at 4, filled at 2 (the later stamp stays), the cancel after its fill changes nothing.
+    assert batched[0] == [("filled", 2, None, 2), ("rejected", 0, "risk", 3), ("filled", 1, None, 4)]
+    positions = [
+        {i: (p.qty, p.avg_price, p.realized_points) for i, p in b[2].items()} for b in (batched, single)
+    ]
+    assert positions[0] == positions[1] and positions[0][1001][0] == 1
+    # All or nothing: a batch with a fill the ledger refuses stores none of its writes.
+    with pytest.raises(InvalidRecord, match="over-fills"):
+        ledger.record([order("d", qty=1), fill("f9", "d"), fill("f10", "d")])
+    with pytest.raises(NotFound):
+        ledger.order("d")
+    with pytest.raises(InvalidRecord, match="set by fills"):
+        ledger.record([OrderUpdate("a", "filled", 9)])
+    ledger.record([])
 
 
 def test_positions_follow_average_cost_accounting_per_account(db: Database) -> None:
