@@ -19,8 +19,9 @@ round the risk guard checks the loss limits on the feed clock
   (``inference_failures``), and an ``inference`` halt keeps every position and order; only with
   ``daemon.cpu_fallback`` is the engine rebuilt on the CPU instead (logged).
 
-Every decision is counted (by instrument and action) and published on the telemetry socket
-(topic ``decision``); the health of each instrument's last bar is kept for the status.
+Every decision is counted (by instrument and action); each bar that may trade is published on
+the telemetry socket (topic ``decision``, with ``latency_ns`` from the arrival of its closing
+record to the decision taken); the health of each instrument's last bar is kept for the status.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ class Decisions(Component):
                     "size": float(decided.size[j]),
                     "regime": float(regime[j]),
                     "model": engine.model_sha256,
+                    "latency_ns": now - close.arrival_ns,
                 },
             )
         if orders:

@@ -17,6 +17,9 @@ pytestmark = pytest.mark.slow
 KEYS = {
     "p50_ms",
     "p99_ms",
+    "decision_p50_ms",
+    "decision_p99_ms",
+    "decision_samples",
     "records_per_s",
     "decide_p50_ms",
     "decide_p99_ms",
@@ -50,5 +53,8 @@ def test_bench_daemon_prints_one_json_object_with_its_keys(tmp_path: Path) -> No
     assert result["orders"] > 0 and result["decisions"] >= result["decide_calls"] > 0
     assert 0 < result["p50_ms"] <= result["p99_ms"]
     assert 0 < result["decide_p50_ms"] <= result["decide_p99_ms"]
+    # Every bar that may trade is timed: at least as many as the orders, at most every decision.
+    assert result["orders"] <= result["decision_samples"] <= result["decisions"]
+    assert 0 < result["decision_p50_ms"] <= result["decision_p99_ms"]
     assert 0 < result["ledger_p50_ms"] <= result["ledger_p99_ms"]
     assert result["records_per_s"] > 0 and result["feed_runs"] > 0
