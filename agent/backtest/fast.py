@@ -210,15 +210,16 @@ def _columns(
         if s.instrument_id not in by_id:
             by_id[s.instrument_id] = order_schedule(bars.records, s.instrument_id, f.close_index, latency_ms)
     schedules = [by_id[s.instrument_id] for s in specs]
-    met = bars.records[np.concatenate([o.rows for o in schedules])]
+    met = np.concatenate([o.rows for o in schedules])  # the record each order meets, per bar
     return _Columns(
         offsets=np.concatenate([[0], np.cumsum([len(f) for f in frames])]).astype(np.int64),
         features=np.concatenate([f.features for f in frames]),
         tradable=np.concatenate([f.tradable for f in frames]),
         mid_ticks=np.concatenate([f.mid_ticks for f in frames]).astype(np.float64),
         ts_close=np.concatenate([f.ts_close for f in frames]),
-        exec_levels={
-            name: np.stack([met[f] for f in fields], axis=1) for name, fields in _LEVEL_FIELDS.items()
+        exec_levels={  # field by field: a copy of the whole records would be 368 bytes a bar
+            name: np.stack([bars.records[f][met] for f in fields], axis=1)
+            for name, fields in _LEVEL_FIELDS.items()
         },
         late=np.concatenate([o.late for o in schedules]),
         orderable=np.concatenate([np.r_[f.n_records[1:] > 0, True] for f in frames]),
