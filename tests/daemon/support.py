@@ -27,11 +27,19 @@ from agent.control.client import ControlClient
 from agent.control.endpoints import control_endpoint
 from agent.control.errors import ControlUnreachable
 from agent.daemon.app import Daemon
+from agent.daemon.events import Events
+from agent.daemon.intake import DecisionQueue, Intake
 from agent.daemon.lifecycle import State
+from agent.daemon.metrics import DaemonMetrics
 from agent.execution.fills import PositionArrays, apply_fills, to_currency
+from agent.execution.protocol import Report
+from agent.execution.venues import PaperVenue
 from agent.model.config import ModelConfig
+from agent.trading.risk import Halts
 from feeds.config import InstrumentSpec, SynthConfig
 from feeds.dbn import read_mbp10
+from feeds.features import IncrementalFeatures
+from feeds.sources import Source
 from feeds.synth import write_synthetic
 from storage import CheckpointStore, Ledger, ModelRegistry, open_database
 from storage.tables import FillRow, OrderRow
@@ -48,6 +56,7 @@ __all__ = [
     "install_model",
     "ledger_ids",
     "ledger_state",
+    "live_intake",
     "model_checkpoint",
     "nats_source",
     "quiet",
@@ -423,3 +432,31 @@ def assert_ledger_is(config: Config, status: dict[str, Any]) -> None:
     positions, realised, _, _ = ledger_state(config)
     assert by_symbol(positions) == status["positions"]
     assert realised == pytest.approx(status["realised_pnl"], abs=0.01)
+
+
+async def _no_settle() -> None:
+    raise AssertionError("a live feed does not wait for the ledger")
+
+
+def live_intake(
+    config: Config, source: Source, features: IncrementalFeatures, *, queue: int, **clock: int
+) -> tuple[Intake, DecisionQueue, DaemonMetrics]:
+    """The daemon's intake of a live feed on its own: ``source`` through the paper venue and
+    ``features`` into a decision queue of ``queue`` closes (``clock``: ``bar_interval_ns``,
+    ``close_grace_ns``, for bars that close on the clock)."""
+    metrics = DaemonMetrics()
+    decisions = DecisionQueue(queue, metrics)
+    reports: list[Report] = []
+    intake = Intake(
+        source=source,
+        features=features,
+        venue=PaperVenue(config.broker, [s.instrument_id for s in INSTRUMENTS], reports.append),
+        queue=decisions,
+        metrics=metrics,
+        events=Events(Halts(), metrics),
+        replay=False,
+        venue_latency_ns=0,
+        settle=_no_settle,
+        **clock,
+    )
+    return intake, decisions, metrics

@@ -10,16 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from agent.config import Config
-from agent.daemon.events import Events
 from agent.daemon.intake import DecisionQueue, Intake
 from agent.daemon.metrics import DaemonMetrics
-from agent.execution.protocol import Report
-from agent.execution.venues import PaperVenue
-from agent.trading.risk import Halts
 from feeds.dbn import read_mbp10
 from feeds.features import BarFrame, IncrementalFeatures
 from feeds.sources import QueuedSource
-from tests.daemon.support import INSTRUMENTS, config_text, synth_feed, write_config
+from tests.daemon.support import INSTRUMENTS, config_text, live_intake, synth_feed, write_config
 from tests.support.wait import wait_until_async
 
 ES, NQ = (s.instrument_id for s in INSTRUMENTS)
@@ -42,28 +38,11 @@ class _Held(QueuedSource):
         self._finish()
 
 
-async def _never() -> None:
-    raise AssertionError("a live feed does not wait for the ledger")
-
-
 def _intake(config: Config, batches: list[np.ndarray]) -> tuple[Intake, DecisionQueue, DaemonMetrics]:
-    metrics = DaemonMetrics()
-    queue = DecisionQueue(100_000, metrics)
-    reports: list[Report] = []
-    intake = Intake(
-        source=_Held(batches),
-        features=IncrementalFeatures(config.feeds.instruments, config.feeds.bars, config.feeds.health),
-        venue=PaperVenue(config.broker, [s.instrument_id for s in INSTRUMENTS], reports.append),
-        queue=queue,
-        metrics=metrics,
-        events=Events(Halts(), metrics),
-        replay=False,
-        venue_latency_ns=0,
-        settle=_never,
-        bar_interval_ns=INTERVAL_NS,
-        close_grace_ns=GRACE_NS,
+    features = IncrementalFeatures(config.feeds.instruments, config.feeds.bars, config.feeds.health)
+    return live_intake(
+        config, _Held(batches), features, queue=100_000, bar_interval_ns=INTERVAL_NS, close_grace_ns=GRACE_NS
     )
-    return intake, queue, metrics
 
 
 def _bars(queue: DecisionQueue, iid: int) -> BarFrame:

@@ -33,14 +33,9 @@ from agent.config import Config
 from agent.control.client import ControlClient
 from agent.control.endpoints import control_endpoint, telemetry_endpoint
 from agent.control.errors import ControlRefused
-from agent.daemon.events import Events
-from agent.daemon.intake import INTAKE_BATCHES, DecisionQueue, Intake
+from agent.daemon.intake import INTAKE_BATCHES
 from agent.daemon.lifecycle import State
-from agent.daemon.metrics import DaemonMetrics
-from agent.execution.protocol import Report
-from agent.execution.venues import PaperVenue
 from agent.gpu.errors import InferenceError
-from agent.trading.risk import Halts
 from feeds.dbn import read_mbp10, write_mbp10
 from feeds.features import BarFrame, IncrementalFeatures
 from feeds.sources import HealthEvent, HealthKind, QueuedSource, RecordBatch, SourceEvent, subject_for
@@ -51,6 +46,7 @@ from tests.daemon.support import (
     config_text,
     daemon_config,
     install_model,
+    live_intake,
     model_checkpoint,
     nats_source,
     quiet,
@@ -357,10 +353,6 @@ async def test_orderly_stop_cancels_a_resting_order(tmp_path: Path) -> None:
     assert (record.status, record.filled_qty) == ("cancelled", 0)
 
 
-async def _never() -> None:
-    raise AssertionError("a live feed does not wait for the ledger")
-
-
 class _Counted(IncrementalFeatures):
     """The features, counting the calls that push records through them."""
 
@@ -413,20 +405,8 @@ async def test_live_feed_in_coalesced_runs_closes_the_same_bars_with_health_even
     events += [gap, *(RecordBatch(c, 0) for c in chunks[501:])]
 
     features = _Counted(config.feeds.instruments, config.feeds.bars, config.feeds.health)
-    metrics = DaemonMetrics()
-    reports: list[Report] = []
-    queue = DecisionQueue(config.daemon.decision_queue, metrics)
-    intake = Intake(
-        source=_Queued(events),
-        features=features,
-        venue=PaperVenue(config.broker, [s.instrument_id for s in INSTRUMENTS], reports.append),
-        queue=queue,
-        metrics=metrics,
-        events=Events(Halts(), metrics),
-        replay=False,
-        venue_latency_ns=0,
-        settle=_never,
-    )
+    size = config.daemon.decision_queue
+    intake, queue, metrics = live_intake(config, _Queued(events), features, queue=size)
     await intake.start()
     await intake.fed()
     await intake.stop()
