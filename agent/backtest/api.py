@@ -232,7 +232,14 @@ def run_baselines(config: Config, data: Path, start_ns: int | None, end_ns: int 
     model on the same window (the trainer's evaluation runs them as a job of their own)."""
     selection = select_days(data, start_ns, end_ns)
     specs = _specs(config.feeds, data)
-    bars = load_bars(data, specs, config.feeds, start_ns=selection.start_ns, end_ns=selection.end_ns)
+    bars = load_bars(
+        data,
+        specs,
+        config.feeds,
+        start_ns=selection.start_ns,
+        end_ns=selection.end_ns,
+        latency_ms=config.broker.latency_ms,
+    )
     return _baselines(bars, specs, config)
 
 
@@ -303,9 +310,16 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
     specs = _specs(config.feeds, request.data)
     floors = [resolved.floors.get(s.instrument_id, 0.0) for s in specs]
     progress.start("bars", 1)
-    bars = load_bars(request.data, specs, config.feeds, start_ns=selection.start_ns, end_ns=selection.end_ns)
+    bars = load_bars(
+        request.data,
+        specs,
+        config.feeds,
+        start_ns=selection.start_ns,
+        end_ns=selection.end_ns,
+        latency_ms=config.broker.latency_ms,
+    )
     progress.advance("bars")
-    n_records = int(bars.records.shape[0])
+    n_records = bars.n_records
     driven: _Driven | None = None
     if config.broker.order_type == "market" if request.exact else request.fast:
         frames = [bars.frames[s.symbol] for s in specs]

@@ -44,7 +44,6 @@ from agent.backtest.errors import BacktestError
 from agent.config import Config
 from agent.execution.config import FillPrice
 from agent.execution.fills import (
-    OrderSchedule,
     PositionArrays,
     apply_fills,
     execution_price,
@@ -63,7 +62,7 @@ from feeds.dbn.framing import MBP10_SIZE
 from feeds.features import FEATURE_NAMES, BarFrame, compute_all
 from feeds.records import LEVELS, MBP10_DTYPE, PRICE_SCALE
 
-__all__ = ["BarSet", "FastRun", "FillList", "load_bars", "marks_of", "regime_path", "run_fast"]
+__all__ = ["BarSet", "FastRun", "FillList", "MetBooks", "load_bars", "marks_of", "regime_path", "run_fast"]
 
 _LOGRET = FEATURE_NAMES.index("mid_logret")
 _LEVEL_FIELDS = {
@@ -72,21 +71,41 @@ _LEVEL_FIELDS = {
 
 
 @dataclass(frozen=True)
+class MetBooks:
+    """Per bar of one instrument, the book its order meets as the paper broker has it, and
+    whether that order would be late (:func:`agent.execution.fills.order_schedule`)."""
+
+    levels: dict[str, np.ndarray[Any, Any]]
+    """``bid_px``, ``bid_sz``, ``ask_px``, ``ask_sz``: ``[bars, LEVELS]``."""
+    late: np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True)
 class BarSet:
-    """The bars of every instrument over the backtest window, with the records they came from."""
+    """The bars of every instrument over the backtest window and the books their orders meet
+    (the records they came from are not kept: 368 bytes each, a million in a few days)."""
 
     frames: dict[str, BarFrame]
-    records: np.ndarray[Any, Any]
-    """The MBP-10 records of the window (the fills read the close books from them)."""
+    books: dict[str, MetBooks]
+    latency_ms: float
+    """The order latency the books were met at (``broker.latency_ms``)."""
+    n_records: int
     rejected_records: int
     health_episodes: dict[str, int]
 
 
 def load_bars(
-    path: str | Path, specs: Sequence[InstrumentSpec], feeds: FeedsConfig, start_ns: int, end_ns: int
+    path: str | Path,
+    specs: Sequence[InstrumentSpec],
+    feeds: FeedsConfig,
+    start_ns: int,
+    end_ns: int,
+    *,
+    latency_ms: float,
 ) -> BarSet:
     """Bars and features of ``specs`` from the records of ``path`` in ``[start_ns, end_ns)``, on
-    the ``[feeds]`` bar clock and health rules."""
+    the ``[feeds]`` bar clock and health rules, and the book each bar's order meets after
+    ``latency_ms``."""
     records = _read_window(path, start_ns, end_ns)
     if records.shape[0] == 0:
         raise BacktestError(f"{path}: no MBP-10 records between the selected dates")
@@ -94,9 +113,21 @@ def load_bars(
     empty = [s.symbol for s in specs if len(result.frames[s.symbol]) == 0]
     if empty:
         raise BacktestError(f"{path}: no bars for {', '.join(empty)} in the selected dates")
+    books = {}
+    for s in specs:
+        schedule = order_schedule(records, s.instrument_id, result.frames[s.symbol].close_index, latency_ms)
+        books[s.symbol] = MetBooks(
+            levels={  # field by field: a copy of the whole records would be 368 bytes a bar
+                name: np.stack([records[f][schedule.rows] for f in fields], axis=1)
+                for name, fields in _LEVEL_FIELDS.items()
+            },
+            late=schedule.late,
+        )
     return BarSet(
         frames=result.frames,
-        records=records,
+        books=books,
+        latency_ms=latency_ms,
+        n_records=int(records.shape[0]),
         rejected_records=result.rejected_records,
         health_episodes={k: len(m.episodes) for k, m in result.monitors.items()},
     )
@@ -202,26 +233,16 @@ class _Columns(NamedTuple):
     one before."""
 
 
-def _columns(
-    bars: BarSet, specs: Sequence[InstrumentSpec], frames: Sequence[BarFrame], latency_ms: float
-) -> _Columns:
-    by_id: dict[int, OrderSchedule] = {}  # an instrument may stand in several slots (the baselines)
-    for s, f in zip(specs, frames, strict=True):
-        if s.instrument_id not in by_id:
-            by_id[s.instrument_id] = order_schedule(bars.records, s.instrument_id, f.close_index, latency_ms)
-    schedules = [by_id[s.instrument_id] for s in specs]
-    met = np.concatenate([o.rows for o in schedules])  # the record each order meets, per bar
+def _columns(bars: BarSet, specs: Sequence[InstrumentSpec], frames: Sequence[BarFrame]) -> _Columns:
+    books = [bars.books[s.symbol] for s in specs]  # an instrument may stand in several slots
     return _Columns(
         offsets=np.concatenate([[0], np.cumsum([len(f) for f in frames])]).astype(np.int64),
         features=np.concatenate([f.features for f in frames]),
         tradable=np.concatenate([f.tradable for f in frames]),
         mid_ticks=np.concatenate([f.mid_ticks for f in frames]).astype(np.float64),
         ts_close=np.concatenate([f.ts_close for f in frames]),
-        exec_levels={  # field by field: a copy of the whole records would be 368 bytes a bar
-            name: np.stack([bars.records[f][met] for f in fields], axis=1)
-            for name, fields in _LEVEL_FIELDS.items()
-        },
-        late=np.concatenate([o.late for o in schedules]),
+        exec_levels={name: np.concatenate([b.levels[name] for b in books]) for name in _LEVEL_FIELDS},
+        late=np.concatenate([b.late for b in books]),
         orderable=np.concatenate([np.r_[f.n_records[1:] > 0, True] for f in frames]),
     )
 
@@ -243,6 +264,11 @@ def run_fast(
     """
     if chunks < 1:
         raise BacktestError(f"chunks must be >= 1, got {chunks}")
+    if config.broker.latency_ms != bars.latency_ms:
+        raise BacktestError(
+            f"the bars' books were met at {bars.latency_ms} ms of latency, broker.latency_ms is "
+            f"{config.broker.latency_ms}"
+        )
     window = decider.window
     frames = [bars.frames[s.symbol] for s in specs]
     n_bars = np.asarray([len(f) for f in frames], dtype=np.int64)
@@ -251,7 +277,7 @@ def run_fast(
         for c, (a, b) in enumerate(_spans(len(frame), chunks)):
             slots.append((i * chunks + c, i, a if c == 0 else max(0, a - (window - 1)), a, b))
     slot_id, inst, lo, start, hi = (np.asarray(col, dtype=np.int64) for col in zip(*slots, strict=True))
-    cols = _columns(bars, specs, frames, config.broker.latency_ms)
+    cols = _columns(bars, specs, frames)
     offsets, feats, tradable, mid_ticks, ts_close = (
         cols.offsets,
         cols.features,

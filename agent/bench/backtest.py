@@ -81,7 +81,7 @@ def _checkpoint(config: Config) -> Checkpoint:
 def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tuple[float, int, int]:
     specs = list(config.feeds.instruments)
     start = time.perf_counter()
-    bars = load_bars(path, specs, config.feeds, start_ns=0, end_ns=2**62)
+    bars = load_bars(path, specs, config.feeds, start_ns=0, end_ns=2**62, latency_ms=config.broker.latency_ms)
     frames = [bars.frames[s.symbol] for s in specs]
     regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, [0.0] * len(specs)))
     elapsed = time.perf_counter() - start
@@ -94,7 +94,7 @@ def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tu
         elapsed += time.perf_counter() - start
     finally:
         decider.close()
-    return bars.records.shape[0] / elapsed, sum(len(f) for f in frames), int(log.arrays()["ts_ns"].size)
+    return bars.n_records / elapsed, sum(len(f) for f in frames), int(log.arrays()["ts_ns"].size)
 
 
 def _event(path: Path, config: Config, checkpoint: Checkpoint) -> tuple[float, int, int]:

@@ -19,6 +19,7 @@ from agent.model.checkpoint import checkpoint_from_bytes
 from agent.policy.kelly import kelly_size_ref, leg_cost
 from agent.policy.regime import RegimeTracker
 from agent.trading.decider import ModelDecider
+from feeds.dbn import read_mbp10
 from tests.backtest.conftest import backtest_config
 from tests.backtest.test_parity import _Quiet
 from tests.daemon.support import INSTRUMENTS
@@ -36,7 +37,7 @@ def test_mid_fills_are_at_the_mid_of_the_book_met_in_both_drivers(
     signal_data: Path, checkpoint_file: Path, tmp_path: Path
 ) -> None:
     config = _mid_fills(backtest_config(tmp_path / "state"))
-    bars = load_bars(signal_data, INSTRUMENTS, config.feeds, 0, 2**62)
+    bars = load_bars(signal_data, INSTRUMENTS, config.feeds, 0, 2**62, latency_ms=config.broker.latency_ms)
     frames = [bars.frames[s.symbol] for s in INSTRUMENTS]
     decider = ModelDecider(
         checkpoint_from_bytes(checkpoint_file.read_bytes()),
@@ -53,7 +54,7 @@ def test_mid_fills_are_at_the_mid_of_the_book_met_in_both_drivers(
         decider.close()
     f = fills.arrays()
     assert f["bar"].size > 20 and not f["fee"].any()
-    records = bars.records
+    records = read_mbp10(signal_data)  # in feed order, as the backtest read them
     for i, (spec, frame) in enumerate(zip(INSTRUMENTS, frames, strict=True)):
         mine = f["instrument"] == i
         met = records[execution_rows(records, spec.instrument_id, frame.close_index, 0.0)[f["bar"][mine]]]
