@@ -101,32 +101,22 @@ class RegimeTracker:
         self.vol_ema = np.where(ok, med, self.vol_ema)
         self.vol_ref = np.where(ok, med, self.vol_ref)
         self.count = np.where(ok, np.maximum(self.count, self.config.warmup_bars), self.count)
-        self.scale = np.where(ok, self._ratio(), self.scale)
+        for i in np.flatnonzero(ok):
+            ema, ref, floor = (float(v[i]) for v in (self.vol_ema, self.vol_ref, self.floors))
+            self.scale[i] = self._scale_of(ema, ref, floor)
 
     def update(self, log_returns: Any) -> np.ndarray[Any, np.dtype[np.float64]]:
         """Step every instrument with its bar log-return (``[n]``; NaN = no bar); returns the scale."""
         lr = np.asarray(log_returns, dtype=np.float64)
-        ok = np.isfinite(lr)
-        self.rejected += int((~ok & ~np.isnan(lr)).sum())
-        sq = np.where(ok, lr * lr, 0.0)
-        cfg = self.config
-        first = ok & (self.count == 0)
-        ema = np.where(first, sq, (1 - cfg.fast_alpha) * self.vol_ema + cfg.fast_alpha * sq)
-        count = self.count + ok
-        warming = count <= cfg.warmup_bars
-        running_mean = self.vol_ref + (ema - self.vol_ref) / np.maximum(count, 1)
-        tracked = (1 - cfg.slow_alpha) * self.vol_ref + cfg.slow_alpha * ema
-        ref = np.where(warming, running_mean, tracked)
-        self.vol_ema = np.where(ok, ema, self.vol_ema)
-        self.vol_ref = np.where(ok, ref, self.vol_ref)
-        self.count = count
-        self.scale = np.where(ok, self._ratio(), self.scale)
-        return self.scale
+        if lr.shape != self.floors.shape:
+            raise ValueError(f"log_returns must be [{self.floors.shape[0]}], got {lr.shape}")
+        self.path(lr[None, :])
+        return self.scale.copy()
 
     def path(self, log_returns: Any) -> np.ndarray[Any, np.dtype[np.float64]]:
-        """:meth:`update` for each row of ``log_returns`` (``[T, n]``), the scales ``[T, n]``: the
-        same arithmetic in the same order, so the same bits, one instrument at a time as a
-        scalar loop (a NumPy call per bar costs ~20x more on a backtest's million bars)."""
+        """Step the trackers over each row of ``log_returns`` (``[T, n]``, a bar each); the
+        scales ``[T, n]``. The recursion's one implementation: a scalar loop per instrument, on
+        Python floats (a NumPy call per bar costs ~20x more on a backtest's million bars)."""
         lr = np.asarray(log_returns, dtype=np.float64)
         if lr.ndim != 2 or lr.shape[1] != self.floors.shape[0]:
             raise ValueError(f"log_returns must be [T, {self.floors.shape[0]}], got {lr.shape}")
@@ -140,32 +130,27 @@ class RegimeTracker:
         cfg = self.config
         fast, keep_fast = cfg.fast_alpha, 1 - cfg.fast_alpha
         slow, keep_slow = cfg.slow_alpha, 1 - cfg.slow_alpha
-        warmup, lo, floor = cfg.warmup_bars, self.scale_floor, float(self.floors[i])
+        warmup, floor = cfg.warmup_bars, float(self.floors[i])
         ema, ref, scale = float(self.vol_ema[i]), float(self.vol_ref[i]), float(self.scale[i])
         count = int(self.count[i])
-        isfinite, isnan = math.isfinite, math.isnan
         out = []
         for x in returns:
-            if isfinite(x):
+            if math.isfinite(x):
                 sq = x * x
                 ema = sq if count == 0 else keep_fast * ema + fast * sq
                 count += 1
                 ref = ref + (ema - ref) / count if count <= warmup else keep_slow * ref + slow * ema
-                ratio = (ref if isnan(ref) or ref >= floor else floor) / (ema + _EPS)  # as np.maximum
-                scale = min(max(ratio, lo), 1.0) if isfinite(ratio) else lo
-            elif not isnan(x):
+                scale = self._scale_of(ema, ref, floor)
+            elif not math.isnan(x):
                 self.rejected += 1  # +-inf; NaN is "no bar"
             out.append(scale)
         self.vol_ema[i], self.vol_ref[i], self.count[i], self.scale[i] = ema, ref, count, scale
         return out
 
-    def _ratio(self) -> np.ndarray[Any, np.dtype[np.float64]]:
-        eff = np.maximum(self.vol_ref, self.floors)
-        ratio = eff / (self.vol_ema + _EPS)
-        out: np.ndarray[Any, np.dtype[np.float64]] = np.clip(
-            np.where(np.isfinite(ratio), ratio, self.scale_floor), self.scale_floor, 1.0
-        )
-        return out
+    def _scale_of(self, ema: float, ref: float, floor: float) -> float:
+        """``clamp(max(ref, floor) / (ema + eps), scale_floor, 1)``; ``scale_floor`` when not finite."""
+        ratio = (ref if math.isnan(ref) or ref >= floor else floor) / (ema + _EPS)  # NaN wins, as np.maximum
+        return min(max(ratio, self.scale_floor), 1.0) if math.isfinite(ratio) else self.scale_floor
 
 
 def ema_series(x: Any, alpha: float, init: float, block: int = 256) -> np.ndarray[Any, np.dtype[np.float64]]:

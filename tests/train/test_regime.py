@@ -56,6 +56,32 @@ def test_ema_series_matches_the_tracker_recursion() -> None:
     np.testing.assert_allclose(vol_ema_of(lr, CFG), stepped, rtol=1e-10)
 
 
+class _VectorisedTracker:
+    """The recursion as NumPy array code over the instruments, a bar at a time (the reference
+    the tracker's scalar loop must match bit for bit)."""
+
+    def __init__(self, t: RegimeTracker) -> None:
+        self.cfg, self.floors, self.lo = t.config, t.floors.copy(), t.scale_floor
+        self.vol_ema, self.vol_ref, self.count = t.vol_ema.copy(), t.vol_ref.copy(), t.count.copy()
+        self.scale, self.rejected = t.scale.copy(), t.rejected
+
+    def update(self, lr: np.ndarray) -> np.ndarray:
+        cfg, ok = self.cfg, np.isfinite(lr)
+        self.rejected += int((~ok & ~np.isnan(lr)).sum())
+        sq = np.where(ok, lr * lr, 0.0)
+        ema = np.where(ok & (self.count == 0), sq, (1 - cfg.fast_alpha) * self.vol_ema + cfg.fast_alpha * sq)
+        count = self.count + ok
+        running_mean = self.vol_ref + (ema - self.vol_ref) / np.maximum(count, 1)
+        tracked = (1 - cfg.slow_alpha) * self.vol_ref + cfg.slow_alpha * ema
+        ref = np.where(count <= cfg.warmup_bars, running_mean, tracked)
+        self.vol_ema, self.vol_ref = np.where(ok, ema, self.vol_ema), np.where(ok, ref, self.vol_ref)
+        self.count = count
+        ratio = np.maximum(self.vol_ref, self.floors) / (self.vol_ema + 1e-30)
+        scale = np.clip(np.where(np.isfinite(ratio), ratio, self.lo), self.lo, 1.0)
+        self.scale = np.where(ok, scale, self.scale)
+        return self.scale.copy()
+
+
 def test_path_gives_the_bits_of_stepping_bar_by_bar() -> None:
     rng = np.random.default_rng(3)
     lr = rng.normal(0.0, 1e-4, (3000, 3))
@@ -63,18 +89,20 @@ def test_path_gives_the_bits_of_stepping_bar_by_bar() -> None:
     lr[5, 0], lr[17, 1], lr[40, 2] = np.inf, -np.inf, 0.0
     lr[100:130, 2] = 1e200  # a square that overflows: inf, then inf - inf in the running mean
     cfg = RegimeConfig(fast_bars=20, slow_bars=500, warmup_bars=50)
-    trackers = [RegimeTracker(cfg, SCALE_FLOOR, [0.0, 2e-9, 1e-12]) for _ in range(2)]
-    for t in trackers:
-        t.warm_start([np.nan, 1e-8, np.nan])  # one instrument warm, two cold
+    tracker = RegimeTracker(cfg, SCALE_FLOOR, [0.0, 2e-9, 1e-12])
+    tracker.warm_start([np.nan, 1e-8, np.nan])  # one instrument warm, two cold
+    reference = _VectorisedTracker(tracker)
     with np.errstate(over="ignore", invalid="ignore"):
-        stepped = np.stack([trackers[0].update(row).copy() for row in lr])
-    path = trackers[1].path(lr)
+        stepped = np.stack([reference.update(row) for row in lr])
+    path = tracker.path(lr)
     np.testing.assert_array_equal(path, stepped)
     for name in ("vol_ema", "vol_ref", "count", "scale", "rejected"):
-        np.testing.assert_array_equal(getattr(trackers[1], name), getattr(trackers[0], name))
-    assert trackers[1].rejected == 2 and np.isnan(stepped[130:, 2]).sum() == 0
+        np.testing.assert_array_equal(getattr(tracker, name), getattr(reference, name))
+    assert tracker.rejected == 2 and np.isnan(stepped[130:, 2]).sum() == 0
+    with np.errstate(invalid="ignore"):  # instrument 2's state overflowed above
+        np.testing.assert_array_equal(tracker.update(lr[0]), reference.update(lr[0]))
     with pytest.raises(ValueError, match=r"\[T, 3\]"):
-        trackers[1].path(lr[:, :2])
+        tracker.path(lr[:, :2])
 
 
 def test_tracker_cold_start_running_mean_and_bad_input() -> None:
