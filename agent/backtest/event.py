@@ -42,7 +42,7 @@ from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Cancelled, Fill, NewOrder, Reject, Report
 from agent.trading.decider import Decider
-from agent.trading.step import BarClose, TradingStep, closing_runs
+from agent.trading.step import BarClose, TradingStep
 from feeds.config import InstrumentSpec
 from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
 from feeds.records import MBP10_DTYPE, PRICE_SCALE
@@ -187,8 +187,11 @@ class EventDriver:
     def _batch(self, records: np.ndarray[Any, Any]) -> None:
         """Records in feed order: the features and the broker see every record; a record that
         closes a bar is seen by both, then the bar is decided (the order is placed at that
-        record's ``ts_recv``, after it)."""
-        for run, frame in closing_runs(self.features, records):
+        record's ``ts_recv``, after it). The features take the batch as one array and hand its
+        runs out with the books as of each run's end
+        (:meth:`~feeds.features.IncrementalFeatures.closing_runs`): the runs, bars and books that
+        :func:`agent.trading.step.closing_runs` gives the daemon's replay record by record."""
+        for run, frame in self.features.closing_runs(records):
             t0 = time.perf_counter_ns()
             self._market(run)
             if frame is not None:

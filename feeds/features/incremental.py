@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,11 +81,13 @@ _ROW_PARTS = (
     ("book_levels", 2 + 2 * LEVELS),  # the last healthy record's bid, ask, bid sizes, ask sizes
     ("end_sizes", 2 * LEVELS),  # bid sizes, ask sizes of the bar's last record
     ("ofi_corrections", LEVELS),  # the price-change corrections and excluded pairs of the bar
+    ("closed_by", 1),  # the record that closed it: its index among the instrument's, -1 by the clock
 )
 """A closed bar waiting for its frame (:attr:`IncrementalBars.closed`), all ints, in this
 order: its statistics (:class:`BarStatistics` names), the levels of the book at its close and
 the sizes at its last record (the book and the order-flow imbalance of the bars one call closes
-are computed from them together, as arrays)."""
+are computed from them together, as arrays), and the record whose arrival closed it
+(:meth:`IncrementalFeatures.closing_runs` hands each bar over with that record)."""
 _ROW = dict(zip((name for name, _ in _ROW_PARTS), _layout([width for _, width in _ROW_PARTS]), strict=True))
 _P = {name: at.start for name, at in _ROW.items()}  # the column of a one-int part
 
@@ -146,6 +148,10 @@ class IncrementalBars:
         self._end_sizes: tuple[int, ...] = (0,) * 2 * LEVELS  # at the previous bar's last record
         self._net_taken: np.ndarray = np.zeros(LEVELS, np.int64)  # bid - ask sizes, last bar taken
         self._closed: list[tuple[int, ...]] = []  # bars closed and not taken yet
+        # the record book() shows instead of the last one while a batch's runs are handed out
+        # (IncrementalFeatures.closing_runs: show, show_last)
+        self._showing = False
+        self._shown: tuple[Any, ...] | None = None
         self._open_bar()
 
     def _open_bar(self) -> None:
@@ -161,8 +167,10 @@ class IncrementalBars:
         return self._n_seen
 
     def book(self) -> BookSnapshot | None:
-        """The current book (levels of the last record pushed), ``None`` before any record."""
-        f = self._last
+        """The current book (levels of the last record pushed), ``None`` before any record.
+        While :meth:`IncrementalFeatures.closing_runs` hands out the runs of a batch pushed at
+        once, the book as of the last record of the run handed out."""
+        f = self.book_record
         if f is None:
             return None
         return BookSnapshot(
@@ -173,6 +181,21 @@ class IncrementalBars:
             bid_sz=f[BID_SZS],
             ask_sz=f[ASK_SZS],
         )
+
+    @property
+    def book_record(self) -> tuple[Any, ...] | None:
+        """The record :meth:`book` shows, unpacked (``None`` before any record)."""
+        return self._shown if self._showing else self._last
+
+    def show(self, record: tuple[Any, ...] | None) -> None:
+        """Let :meth:`book` show ``record`` (an earlier record, unpacked) until :meth:`show_last`."""
+        self._shown = record
+        self._showing = True
+
+    def show_last(self) -> None:
+        """Let :meth:`book` show the last record pushed again."""
+        self._shown = None
+        self._showing = False
 
     def push(self, record: bytes | bytearray | memoryview) -> BarFrame | None:
         """Add one raw MBP-10 record of this instrument; return the bars it closes (or ``None``).
@@ -233,7 +256,7 @@ class IncrementalBars:
             self.monitor.silence(clock, None, self._stale_ns)
         closes = self._clock.on_clock(now_ns)
         if closes:
-            self._close(closes, clock)
+            self._close(closes, clock, -1)
         return self._take_frame()
 
     def _take_frame(self) -> BarFrame | None:
@@ -318,7 +341,7 @@ class IncrementalBars:
             self.monitor.gap_ended(ts)
         closes = clock.on_record(ts)
         if closes:
-            self._close(closes, clock_before)
+            self._close(closes, clock_before, self._n_seen)
 
         bids, asks = f[BIDS], f[ASKS]
         ok = mask == 0
@@ -350,7 +373,7 @@ class IncrementalBars:
         self._n_open += 1
         self._n_seen += 1
         if self._event_clock and clock.after_record():
-            self._close([clock.clock_ts], clock.clock_ts)
+            self._close([clock.clock_ts], clock.clock_ts, self._n_seen - 1)
 
     def _price_terms(self, f: tuple[Any, ...], last: tuple[Any, ...]) -> None:
         """Add the order flow of the levels whose price changed from ``last`` to ``f`` (both
@@ -386,10 +409,11 @@ class IncrementalBars:
         elif side == SIDE_ASK:
             self._signed -= size
 
-    def _close(self, closes: Sequence[int], last_clock: int) -> None:
+    def _close(self, closes: Sequence[int], last_clock: int, closed_by: int) -> None:
         """Close the bars at ``closes``: the open bar (when it holds records) and empty bars;
         their rows (:data:`_ROW_PARTS`) wait in :attr:`closed`. ``last_clock`` is the
-        clock of the last record before the close."""
+        clock of the last record before the close; ``closed_by`` the index of the record that
+        closes them among this instrument's (-1: the caller's clock)."""
         if self._masks and (self._n_bad or self.monitor.failing_records()):
             self.monitor.observe(np.array(self._ts, np.int64), np.array(self._masks, np.uint8))
         for j, close in enumerate(closes):
@@ -429,6 +453,7 @@ class IncrementalBars:
                     *self._book,
                     *self._end_sizes,
                     *ofi,
+                    closed_by,
                 )
             )
             self._close_mid2 = self._mid2
@@ -514,28 +539,91 @@ class IncrementalFeatures:
         """Route every record of ``records`` (any instruments, arrival order); the bars they
         close, one frame per instrument that closed any (bars in close order)."""
         check_records(records)
+        self._route(np.ascontiguousarray(records))
+        return _take_frames(list(self.by_id.values()))
+
+    def closing_runs(self, records: np.ndarray) -> Iterator[tuple[np.ndarray, BarFrame | None]]:
+        """``records`` (any instruments, arrival order) pushed as one array
+        (:meth:`push_records`), handed back as a replay that pushes them one at a time meets
+        them: each run of records that ends with a record closing bars, with the bars it
+        closed (one instrument's, in close order), then the records left (frame ``None``).
+
+        While a run is out, each instrument's :meth:`IncrementalBars.book` is its book as of the
+        run's last record, so a caller that decides the bars before taking the next run sees
+        what it would see pushing record by record: the same runs, bars and books, with
+        NumPy's per-call costs paid once per batch instead of once per bar. The features (and
+        their health episodes) are those of the whole batch from the first run on."""
+        check_records(records)
         contiguous = np.ascontiguousarray(records)
+        builders = list(self.by_id.values())
+        before = [(b.records_seen, b.book_record) for b in builders]
+        ids, good = self._route(contiguous)
+        # where each builder's records are in the batch, and the bars it closed with the record
+        # (its index among the builder's) that closed them
+        places = {
+            b: np.flatnonzero(good & (ids == b.spec.instrument_id))
+            for b, (seen, _) in zip(builders, before, strict=True)
+            if b.records_seen > seen
+        }
+        closing = [b for b in builders if b.closed]
+        closed_by = [np.array([row[_P["closed_by"]] for row in b.closed]) for b in closing]
+        firsts = {b: seen for b, (seen, _) in zip(builders, before, strict=True)}
+        runs: list[tuple[int, BarFrame]] = []
+        for builder, frame, by in zip(closing, _take_frames(closing), closed_by, strict=True):
+            ends = places[builder][by - firsts[builder]]
+            cuts = [0, *(np.flatnonzero(np.diff(ends)) + 1).tolist(), len(ends)]
+            if len(cuts) == 2:
+                runs.append((int(ends[0]), frame))
+            else:
+                runs.extend((int(ends[a]), frame.rows(slice(a, b))) for a, b in itertools.pairwise(cuts))
+        runs.sort(key=lambda run: run[0])
+        ends = np.array([end for end, _ in runs], np.int64)
+        raw = contiguous.data.cast("B")
+        shown = [
+            (b, at, np.searchsorted(at, ends, side="right") - 1, last)
+            for b, (_, last) in zip(builders, before, strict=True)
+            if (at := places.get(b)) is not None
+        ]
+        start = 0
+        try:
+            for g, (end, frame) in enumerate(runs):
+                for builder, at, last_at, last in shown:
+                    j = last_at[g]
+                    builder.show(last if j < 0 else RECORD.unpack_from(raw, int(at[j]) * RECORD_SIZE))
+                yield records[start : end + 1], frame
+                start = end + 1
+        finally:
+            for builder, *_ in shown:
+                builder.show_last()
+        if start < records.shape[0]:
+            yield records[start:], None
+
+    def _route(self, contiguous: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Add every MBP-10 record of a configured instrument in ``contiguous`` (an array of
+        records, arrival order) to its builder and count the others in :attr:`rejected`;
+        returns the instrument id of each record and whether it was added."""
         ids = contiguous["instrument_id"]
         known = (ids[:, None] == self._ids).any(axis=1)  # np.isin is 3x slower on a batch
         good = mbp10_header_ok(contiguous) & known
+        routed, routed_ids = contiguous, ids
         if not good.all():
             self.rejected += int(good.shape[0] - np.count_nonzero(good))
-            contiguous = take_mbp10(contiguous, good)
-            ids = contiguous["instrument_id"]
-        if not len(ids):
-            return []
+            routed = take_mbp10(contiguous, good)
+            routed_ids = routed["instrument_id"]
+        if not len(routed_ids):
+            return ids, good
         by_id = self.by_id
-        if len(ids) < _ARRAY_MASKS * len(by_id):  # a few records per instrument: route each one
-            for f in RECORD.iter_unpack(contiguous.data.cast("B")):
+        if len(routed_ids) < _ARRAY_MASKS * len(by_id):  # a few records per instrument: route each one
+            for f in RECORD.iter_unpack(routed.data.cast("B")):
                 by_id[f[F_IID]].add_unpacked(f)
         else:
             for iid, builder in by_id.items():  # instruments are independent: one at a time
-                mine = ids == iid
+                mine = routed_ids == iid
                 if mine.all():
-                    builder.add_records(contiguous)
+                    builder.add_records(routed)
                 elif mine.any():
-                    builder.add_records(take_mbp10(contiguous, mine))
-        return _take_frames(list(by_id.values()))
+                    builder.add_records(take_mbp10(routed, mine))
+        return ids, good
 
     def closing(self, records: np.ndarray, pending: collections.Counter[int]) -> list[int]:
         """The instruments whose open bar :meth:`push_records` of ``records`` would close, after

@@ -1,0 +1,100 @@
+"""The event-driven driver's walk through a batch (:meth:`IncrementalFeatures.closing_runs`: the
+batch pushed as one array) hands out the same runs, bars and books as the daemon's replay,
+which pushes record by record (:func:`agent.trading.step.closing_runs`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agent.trading.step import closing_runs
+from feeds.config import BarConfig, HealthConfig, InstrumentSpec
+from feeds.features import BarFrame, IncrementalFeatures
+from feeds.records import UNDEF_PRICE
+from tests.feeds.recbuild import random_book
+
+SPECS = [InstrumentSpec(symbol="ES", instrument_id=1001), InstrumentSpec(symbol="NQ", instrument_id=1002)]
+HEALTH = HealthConfig(stale_after_s=2.0, max_price_jump_ticks=50)
+
+
+def feed(seed: int) -> np.ndarray:
+    """Two interleaved instruments with faults (crossed books, an empty side, time and sequence
+    regressions, silences past the stale interval), an unknown instrument and a record whose
+    header is not MBP-10's."""
+    rng = np.random.default_rng(seed)
+    es = random_book(4000, seed=seed, mean_gap_ns=20_000_000)
+    nq = random_book(3000, seed=seed + 1, instrument_id=1002, mean_gap_ns=25_000_000)
+    for book in (es, nq):
+        n = len(book)
+        book["bid_px_00"][rng.random(n) < 0.003] = book["ask_px_00"][0]
+        gone = rng.random(n) < 0.003
+        book["ask_px_00"][gone], book["ask_sz_00"][gone] = UNDEF_PRICE, 0
+        book["ts_recv"][rng.random(n) < 0.002] -= 10**9
+        book["sequence"][rng.random(n) < 0.002] = 0
+        book["ts_recv"] += np.cumsum(np.where(rng.random(n) < 0.001, 3 * 10**9, 0)).astype(np.uint64)
+    records = np.concatenate([es, nq, random_book(20, seed=seed + 2, instrument_id=9)])
+    records = records[np.argsort(records["ts_recv"], kind="stable")]
+    records["rtype"][len(records) // 2] = 0x0B
+    return records
+
+
+def snapshot(features: IncrementalFeatures, run: np.ndarray, frame: BarFrame | None) -> tuple[Any, ...]:
+    """What a caller sees when it takes a run: the records, the bars and every book."""
+    books = []
+    for builder in features.by_id.values():
+        book = builder.book()
+        books.append(None if book is None else dataclasses.astuple(book))
+    bars = None
+    if frame is not None:
+        bars = {f.name: getattr(frame, f.name) for f in dataclasses.fields(frame)}
+        bars = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in bars.items()}
+    return run.tobytes(), bars, str(books)
+
+
+@pytest.mark.parametrize(
+    "bars",
+    [
+        BarConfig(clock="time", interval_s=0.5),
+        BarConfig(clock="time", interval_s=0.05),
+        BarConfig(clock="events", events=7),
+        BarConfig(clock="events", events=1),
+    ],
+    ids=["time-0.5", "time-0.05", "events-7", "events-1"],
+)
+def test_batch_walk_hands_out_what_the_record_walk_does(bars: BarConfig) -> None:
+    records = feed(seed=5)
+    sizes = np.random.default_rng(6).choice([1, 2, 9, 60, 500, 3000], size=len(records))
+    cuts = np.cumsum(sizes)
+    batches = np.split(records, cuts[cuts < len(records)])
+    by_record = IncrementalFeatures(SPECS, bars, HEALTH)
+    by_batch = IncrementalFeatures(SPECS, bars, HEALTH)
+    decided = 0
+    for k, batch in enumerate(batches):
+        if k == len(batches) // 3:  # a transport gap between batches, as the driver reports one
+            for features in (by_record, by_batch):
+                for builder in features.by_id.values():
+                    builder.report_gap(int(batch["ts_recv"][0]))
+        expected = [snapshot(by_record, run, frame) for run, frame in closing_runs(by_record, batch)]
+        got = [snapshot(by_batch, run, frame) for run, frame in by_batch.closing_runs(batch)]
+        assert got == expected
+        decided += sum(bars is not None for _, bars, _ in got)
+    assert decided > 100
+    assert by_batch.rejected == by_record.rejected == 21
+    assert [b.book() for b in by_batch.by_id.values()] == [b.book() for b in by_record.by_id.values()]
+
+
+def test_a_walk_left_early_shows_the_last_book_again() -> None:
+    records = feed(seed=8)[:3000]
+    features = IncrementalFeatures(SPECS, BarConfig(clock="time", interval_s=0.5), HEALTH)
+    walk = features.closing_runs(records)
+    run, frame = next(walk)
+    assert frame is not None
+    es = features.by_id[1001].book()
+    assert es is not None and es.ts_recv == int(run["ts_recv"][run["instrument_id"] == 1001][-1])
+    walk.close()
+    last = records[records["instrument_id"] == 1001][-1]
+    es = features.by_id[1001].book()
+    assert es is not None and es.ts_recv == int(last["ts_recv"])
