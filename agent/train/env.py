@@ -162,6 +162,13 @@ class EnvData:
     xp: ModuleType
     feat: Array
     """(N, F) float32 normalised market features."""
+    feat_windows: Array
+    """(N, K, F) read-only view of ``feat``: ``feat_windows[t]`` is the K-bar window ending at bar
+    ``t``, one block to gather (before bar ``K - 1`` the window wraps to the last bars, as
+    indexing ``feat`` with negative indices does)."""
+    step_table: Array
+    """(N, 8) float64: per bar, what a step reads, in one gather (:func:`_step_table`);
+    ``mark``, ``buy_cost``, ``sell_cost``, ``fee_ticks`` and ``tick_value`` are its columns."""
     mark: Array
     """float64 mid in ticks, carried forward over non-tradable bars."""
     buy_cost: Array
@@ -194,9 +201,36 @@ class EnvData:
     def windows(self, t: Array, agent: Array) -> Array:
         """Model input ``[B, K, F + 2]`` float32 for decision bars ``t`` ``[B]`` with agent feature
         history ``agent`` ``[B, K, 2]``."""
-        xp = self.xp
-        idx = t[:, None] + xp.arange(1 - self.window, 1)[None, :]
-        return xp.concatenate([self.feat[idx], agent], axis=2)
+        return self.xp.concatenate([self.feat_windows[t], agent], axis=2)
+
+
+_COL_MARK, _COL_MARK_NEXT, _COL_BUY, _COL_SELL, _COL_FEE, _COL_BUY_FILL, _COL_SELL_FILL, _COL_TICK_VALUE = (
+    range(8)
+)
+"""Columns of :attr:`EnvData.step_table` (:func:`_step_table`)."""
+
+
+def _step_table(
+    mark: np.ndarray[Any, Any],
+    buy: np.ndarray[Any, Any],
+    sell: np.ndarray[Any, Any],
+    fee: np.ndarray[Any, Any],
+    tick_value: np.ndarray[Any, Any],
+) -> np.ndarray[Any, Any]:
+    """Per bar ``[N, 8]``: ``mark``; the next bar's mark (the last bar's own); ``buy``, ``sell``
+    and ``fee`` costs in ticks; the price a buy fills at, ``mark + buy``, and a sell,
+    ``mark - sell``; ``tick_value``."""
+    n = mark.shape[0]
+    table = np.empty((n, 8))
+    table[:, _COL_MARK] = mark
+    table[:, _COL_MARK_NEXT] = mark[np.minimum(np.arange(1, n + 1), n - 1)]
+    table[:, _COL_BUY] = buy
+    table[:, _COL_SELL] = sell
+    table[:, _COL_FEE] = fee
+    table[:, _COL_BUY_FILL] = mark + buy
+    table[:, _COL_SELL_FILL] = mark - sell
+    table[:, _COL_TICK_VALUE] = tick_value
+    return table
 
 
 def _forward_fill(values: np.ndarray[Any, Any], ok: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -273,17 +307,23 @@ def build_env_data(
     if not starts:
         raise TrainError(f"no session in this range holds {window + 1} bars with a tradable one")
     host = {k: np.concatenate(v) for k, v in cols.items()}
+    n_bars = host["mark"].shape[0]
+    # The K - 1 last bars ahead of the first one: every bar's window is one block of the table.
+    padded = xp.asarray(np.concatenate([host["feat"][n_bars - (window - 1) :], host["feat"]]))
+    step_table = xp.asarray(_step_table(host["mark"], host["buy"], host["sell"], host["fee"], host["tv"]))
     return EnvData(
         xp=xp,
-        feat=xp.asarray(host["feat"]),
-        mark=xp.asarray(host["mark"]),
-        buy_cost=xp.asarray(host["buy"]),
-        sell_cost=xp.asarray(host["sell"]),
+        feat=padded[window - 1 :],
+        feat_windows=xp.lib.stride_tricks.sliding_window_view(padded, window, axis=0).swapaxes(1, 2),
+        step_table=step_table,
+        mark=step_table[:, _COL_MARK],
+        buy_cost=step_table[:, _COL_BUY],
+        sell_cost=step_table[:, _COL_SELL],
         tradable=xp.asarray(host["trad"]),
         last_decision=xp.asarray(host["last"]),
         session_end=xp.asarray(host["send"]),
-        fee_ticks=xp.asarray(host["fee"]),
-        tick_value=xp.asarray(host["tv"]),
+        fee_ticks=step_table[:, _COL_FEE],
+        tick_value=step_table[:, _COL_TICK_VALUE],
         label_ticks=xp.asarray(host["label"]),
         starts=xp.asarray(np.concatenate(starts)),
         ts_ns=host["ts"],
@@ -318,6 +358,9 @@ class VecEnv:
 
     Training (:meth:`reset_random`): each environment starts flat at a random decision bar and
     runs to the end of that session. Evaluation (:meth:`reset_at`): explicit spans.
+
+    The state arrays (``t``, ``agent``, ``position``, ...) are replaced by a step or a reset,
+    never written in place: a reference taken before keeps the state of that moment.
     """
 
     def __init__(self, data: EnvData, n_envs: int, *, reward_scale: float, seed: int) -> None:
@@ -332,6 +375,7 @@ class VecEnv:
         self.entry = xp.zeros(n_envs, dtype=np.float64)
         self.agent = xp.zeros((n_envs, data.window, len(AGENT_FEATURES)), dtype=np.float32)
         self.active = xp.zeros(n_envs, dtype=bool)
+        self._obs = xp.empty((n_envs, data.window, data.n_market + len(AGENT_FEATURES)), dtype=np.float32)
 
     def reset_at(self, mask: Array, starts: Array, ends: Array) -> None:
         """Start the environments in ``mask`` flat at decision bars ``starts`` running while
@@ -345,54 +389,72 @@ class VecEnv:
         self.active = self.active | mask
 
     def reset_random(self, mask: Array | None = None) -> None:
-        """Restart the environments in ``mask`` (all when None) at random decision bars."""
+        """Restart the environments in ``mask`` (all when None) at random decision bars (the
+        generator draws ``E`` of them on every call, whatever the mask)."""
         xp = self.data.xp
-        mask = xp.ones(self.n_envs, dtype=bool) if mask is None else mask
         pick = self.rng.integers(0, int(self.data.starts.shape[0]), self.n_envs)
+        if mask is None:
+            mask = xp.ones(self.n_envs, dtype=bool)
+        elif not int(xp.count_nonzero(mask)):
+            return
         starts = self.data.starts[xp.asarray(pick)]
         self.reset_at(mask, starts, self.data.session_end[starts] - 1)
 
     def observe(self) -> Array:
-        """The model input ``[E, K, F + 2]`` at the current decision bars."""
-        return self.data.windows(self.t, self.agent)
+        """The model input ``[E, K, F + 2]`` at the current decision bars: the environment's own
+        buffer, overwritten by the next call."""
+        obs, n_market = self._obs, self.data.n_market
+        obs[:, :, :n_market] = self.data.feat_windows[self.t]
+        obs[:, :, n_market:] = self.agent
+        return obs
 
     def step(self, actions: Array) -> StepResult:
         """Apply action indices ``[E]``; inactive environments do not move."""
-        d, xp, t = self.data, self.data.xp, self.t
-        target = xp.asarray(actions).astype(np.float64) - 1.0
-        target = xp.where(d.tradable[t], target, self.position)
+        d, xp, t, position, active = self.data, self.data.xp, self.t, self.position, self.active
+        everyone = int(xp.count_nonzero(active)) == self.n_envs  # always so in training: fewer masks
+        bar = d.step_table.take(t, axis=0)
+        mark, mark_next = bar[:, _COL_MARK], bar[:, _COL_MARK_NEXT]
+        target = xp.subtract(xp.asarray(actions), 1.0, dtype=np.float64)
+        target = xp.where(d.tradable[t], target, position)
         target = xp.where(d.last_decision[t], 0.0, target)
-        target = xp.where(self.active, target, self.position)
-        t1 = xp.minimum(t + 1, d.mark.shape[0] - 1)  # inactive environments may sit on the last bar
+        if not everyone:
+            target = xp.where(active, target, position)
         gross, cost = step_pnl_ticks(
-            self.position,
+            position,
             target,
-            d.mark[t],
-            d.mark[t1],
-            buy_cost_ticks=d.buy_cost[t],
-            sell_cost_ticks=d.sell_cost[t],
-            fee_ticks=d.fee_ticks[t],
+            mark,
+            mark_next,
+            buy_cost_ticks=bar[:, _COL_BUY],
+            sell_cost_ticks=bar[:, _COL_SELL],
+            fee_ticks=bar[:, _COL_FEE],
         )
         # A unit position is opened or reversed at one fill: that fill's price is its entry (the
         # ledger's average price), a buy at mark + buy_cost, a sell at mark - sell_cost.
-        opened = (target != 0) & (target != self.position)
-        fill = xp.where(target > self.position, d.mark[t] + d.buy_cost[t], d.mark[t] - d.sell_cost[t])
-        self.entry = xp.where(opened, fill, self.entry)
-        traded = xp.abs(target - self.position)
+        delta = target - position
+        traded = xp.abs(delta)
+        fill = xp.where(delta > 0, bar[:, _COL_BUY_FILL], bar[:, _COL_SELL_FILL])
+        self.entry = xp.where(target * delta != 0, fill, self.entry)  # a new position, not flat
         self.position = target
         reward = ((gross - cost) * self.reward_scale).astype(np.float32)
-        nxt = xp.where(self.active, t1, t)
-        new_row = agent_features(xp, self.position, self.entry, d.mark[nxt], self.reward_scale)
-        self.agent = xp.where(
-            self.active[:, None, None],
-            xp.concatenate([self.agent[:, 1:], new_row[:, None, :]], axis=1),
-            self.agent,
-        )
+        t1 = xp.minimum(t + 1, d.mark.shape[0] - 1)  # inactive environments may sit on the last bar
+        history = self.agent[:, 1:]
+        if everyone:
+            nxt = t1
+            new_row = agent_features(xp, target, self.entry, mark_next, self.reward_scale)
+            self.agent = xp.concatenate([history, new_row[:, None, :]], axis=1)
+            done = nxt >= self.end
+            self.active = ~done
+        else:
+            nxt = xp.where(active, t1, t)
+            new_row = agent_features(
+                xp, target, self.entry, xp.where(active, mark_next, mark), self.reward_scale
+            )
+            moved = xp.concatenate([history, new_row[:, None, :]], axis=1)
+            self.agent = xp.where(active[:, None, None], moved, self.agent)
+            done = active & (nxt >= self.end)
+            self.active = active & ~done
         self.t = nxt
-        done = self.active & (nxt >= self.end)
-        result = StepResult(t, target.astype(np.int64) + 1, reward, gross, cost, traded, target, done)
-        self.active = self.active & ~done
-        return result
+        return StepResult(t, target.astype(np.int64) + 1, reward, gross, cost, traded, target, done)
 
 
 class Rollout(NamedTuple):

@@ -72,6 +72,45 @@ def test_rewards_costs_and_agent_features_by_hand() -> None:
     assert r.action[0] == 1 and not env.active[0]
 
 
+def test_steps_and_resets_replace_the_state_and_windows_are_the_feature_rows() -> None:
+    """The trainer keeps the state arrays it read before a step and a reset instead of copies:
+    neither writes them. The observation is the K feature rows up to each bar and its agent
+    history."""
+    mid = list(100 + np.cumsum(np.random.default_rng(1).integers(-1, 2, 60)))
+    data = data_of(make_bars(mid, spread=2.0), window=4)
+    env = VecEnv(data, 5, reward_scale=0.5, seed=3)
+    env.reset_random()
+    rng = np.random.default_rng(0)
+    for _ in range(80):
+        held = {k: getattr(env, k) for k in ("t", "end", "position", "entry", "agent", "active")}
+        copies = {k: v.copy() for k, v in held.items()}
+        obs = env.observe()
+        for i, t in enumerate(env.t):
+            np.testing.assert_array_equal(obs[i, :, :F], data.feat[t - 3 : t + 1])
+        np.testing.assert_array_equal(obs[:, :, F:], env.agent)
+        res = env.step(rng.integers(0, 3, 5))
+        env.reset_random(res.done)
+        for k, v in held.items():
+            np.testing.assert_array_equal(v, copies[k], err_msg=k)
+
+
+def test_reset_random_draws_the_same_whatever_it_restarts() -> None:
+    """Each call draws for every environment, so the starts drawn later do not depend on whom
+    earlier calls restarted (nobody, in the first environment here)."""
+    data = data_of(make_bars(list(range(100, 160))), window=4)
+    a, b = (VecEnv(data, 4, reward_scale=1.0, seed=5) for _ in range(2))
+    a.reset_random()
+    b.reset_random()
+    t0 = a.t.copy()
+    a.reset_random(np.zeros(4, dtype=bool))
+    b.reset_random(np.array([False, True, False, True]))
+    np.testing.assert_array_equal(a.t, t0)
+    mask = np.array([True, False, True, False])
+    a.reset_random(mask)
+    b.reset_random(mask)
+    np.testing.assert_array_equal(a.t[mask], b.t[mask])
+
+
 def test_mid_fills_cost_the_move_of_the_mid_and_the_fee_only() -> None:
     bars = make_bars([100, 102, 101, 104, 104, 103], spread=2.0)
     # the book an order meets: its ask 1.5 ticks above the decision mid, its bid 0.5 below, so
