@@ -47,8 +47,15 @@ class NStepBuffer:
         self.agent = xp.zeros((n, n_envs, window, n_agent), dtype=np.float32)
         self.action = xp.zeros((n, n_envs), dtype=np.int64)
         self.reward = xp.zeros((n, n_envs), dtype=np.float32)
-        self.done = xp.zeros((n, n_envs), dtype=bool)
+        self.live = xp.zeros((n, n_envs), dtype=np.float32)
+        """1.0 where the step was not terminal, else 0.0."""
         self.count = 0
+        self._oldest_first = [xp.asarray([(slot + 1 + k) % n for k in range(n)]) for slot in range(n)]
+        """Per slot just written, the slots oldest first."""
+        self._alive = xp.ones((n + 1, n_envs), dtype=np.float32)
+        """Row ``k``: 1.0 where none of the window's first ``k`` steps was terminal (row 0 stays 1)."""
+        self._powers = xp.asarray(gamma ** np.arange(n), dtype=np.float32)[:, None]
+        self._discount = np.float32(gamma**n)
 
     def clear(self) -> None:
         self.count = 0
@@ -68,26 +75,26 @@ class NStepBuffer:
         t, agent = before
         t_next, agent_next = after
         slot = self.count % self.n
-        self.t[slot], self.agent[slot], self.action[slot] = t, agent, action
-        self.reward[slot], self.done[slot] = reward, done
+        self.t[slot], self.agent[slot], self.action[slot], self.reward[slot] = t, agent, action, reward
+        xp.logical_not(done, out=self.live[slot])
         self.count += 1
         if self.count < self.n:
             return None
-        order = [(self.count + k) % self.n for k in range(self.n)]  # oldest first
-        rewards = self.reward[order]
-        dones = self.done[order].astype(np.float32)
-        alive = xp.cumprod(xp.concatenate([xp.ones_like(dones[:1]), 1.0 - dones[:-1]]), axis=0)
-        powers = xp.asarray(self.gamma ** np.arange(self.n), dtype=np.float32)[:, None]
-        ret = (powers * alive * rewards).sum(axis=0)
-        ended = (alive[-1] * (1.0 - dones[-1])) == 0.0
-        discount = xp.where(ended, np.float32(0.0), np.float32(self.gamma**self.n))
-        first = order[0]
+        order = self._oldest_first[slot]
+        rewards = self.reward.take(order, axis=0)
+        live = self.live.take(order, axis=0)
+        alive = self._alive
+        for k in range(self.n):
+            xp.multiply(alive[k], live[k], out=alive[k + 1])
+        ret = (self._powers * alive[: self.n] * rewards).sum(axis=0)
+        discount = alive[self.n] * self._discount  # 0 where a terminal was met
+        first = (slot + 1) % self.n
         return Transitions(
             self.t[first].copy(),
             self.agent[first].copy(),
             self.action[first].copy(),
-            ret.astype(np.float32),
-            discount.astype(np.float32),
+            ret,
+            discount,
             t_next,
             agent_next,
         )
@@ -111,7 +118,9 @@ class Replay:
     def add(self, tr: Transitions) -> None:
         """Append a batch of transitions."""
         n = int(tr.t.shape[0])
-        idx = self.xp.asarray((self._head + np.arange(n)) % self.capacity)
+        idx: slice | Array = slice(self._head, self._head + n)
+        if self._head + n > self.capacity:
+            idx = self.xp.asarray((self._head + np.arange(n)) % self.capacity)
         self.t[idx], self.agent[idx], self.action[idx] = tr.t, tr.agent, tr.action
         self.reward[idx], self.discount[idx] = tr.reward, tr.discount
         self.t_next[idx], self.agent_next[idx] = tr.t_next, tr.agent_next
@@ -122,11 +131,11 @@ class Replay:
         """``batch`` transitions drawn uniformly with replacement (host generator: reproducible)."""
         idx = self.xp.asarray(rng.integers(0, self.size, batch))
         return Transitions(
-            self.t[idx],
-            self.agent[idx],
-            self.action[idx],
-            self.reward[idx],
-            self.discount[idx],
-            self.t_next[idx],
-            self.agent_next[idx],
+            self.t.take(idx),
+            self.agent.take(idx, axis=0),
+            self.action.take(idx),
+            self.reward.take(idx),
+            self.discount.take(idx),
+            self.t_next.take(idx),
+            self.agent_next.take(idx, axis=0),
         )
