@@ -136,13 +136,13 @@ def train_fold(
     step = 0
     credit = 0.0
     learner.take_stats()  # what came before this fold is not this fold's first epoch
+    taken = np.zeros((cfg.steps_per_epoch, cfg.n_envs), dtype=np.int64)  # the epoch's effective actions
     for epoch in range(cfg.epochs):
         reward_sum = 0.0
-        counts = np.zeros(len(ACTIONS))
-        for _ in range(cfg.steps_per_epoch):
+        for k in range(cfg.steps_per_epoch):
             if deadline is not None and time.monotonic() > deadline:
                 raise TrainTimeout("the time limit was reached during training")
-            before = (env.t.copy(), env.agent.copy())
+            before = (env.t, env.agent)  # the environment replaces its state arrays, never writes them
             counter = xp.full(cfg.n_envs, fold * _STEP_STRIDE + step, dtype=np.int64)
             actions = learner.explore(data, env.t, env.agent, env_ids, counter)
             # The step's updates before the environments move: on a device they run while the
@@ -154,15 +154,16 @@ def train_fold(
                     learner.update(data, replay.sample(rng, cfg.batch_size))
             res = env.step(actions)
             step += 1
-            batch = nstep.push(before, res.action, res.reward, res.done, (env.t.copy(), env.agent.copy()))
+            batch = nstep.push(before, res.action, res.reward, res.done, (env.t, env.agent))
             if batch is not None:
                 replay.add(batch)
-            if bool(res.done.any()):
+            if int(xp.count_nonzero(res.done)):
                 env.reset_random(res.done)
             reward_sum += float(res.reward.sum())
-            counts += np.bincount(to_numpy(res.action), minlength=len(ACTIONS))
+            taken[k] = to_numpy(res.action)
             if on_step is not None:
                 on_step()
+        counts = np.bincount(taken.ravel(), minlength=len(ACTIONS)).astype(np.float64)
         learned = learner.take_stats()
         stats = probe_stats(learner, data, probe)
         epochs.append(
