@@ -41,8 +41,14 @@ def agent_features(
     trading."""
     unit = xp.sign(xp.asarray(position, dtype=np.float64))
     upnl = xp.where(unit != 0, unit * (mark_ticks - entry_ticks), 0.0)
-    upnl = xp.clip(upnl * reward_scale, -UPNL_CLIP, UPNL_CLIP)
-    return xp.stack([unit.astype(np.float32), upnl.astype(np.float32)], axis=-1)
+    # clip as minimum/maximum in place (the same values, NaN kept; cheaper on small arrays)
+    upnl *= reward_scale
+    xp.minimum(upnl, UPNL_CLIP, out=upnl)
+    xp.maximum(upnl, -UPNL_CLIP, out=upnl)
+    out = xp.empty((*unit.shape, 2), dtype=np.float32)
+    out[..., 0] = unit
+    out[..., 1] = upnl
+    return out
 
 
 def observation_rows(
