@@ -289,20 +289,28 @@ class Intake(Component):
 
         The intake moves one queued event per pass of the loop: the run waits while passes
         bring more (one transport read holds many messages), up to :data:`INTAKE_BATCHES`
-        events, or until the inbox holds a batch closing the bar of every instrument. A run
-        that closes bars ends with the last batch that closes one: the batches behind it wait
-        for the next run, processed once the decision task took the bars (one batched decision
-        for the instruments whose bars closed together). Where a run ends never changes the
-        bars."""
+        events, or until the inbox holds a batch closing the bar of every instrument. Once a
+        batch that closes a bar is seen, the run waits only for the batches received before
+        that moment (already taken from the transport): the first batch received after it ends
+        the wait, so that no bar's decision waits for records still to come (those of other
+        instruments whose bars close later are decided in the next round). A run that closes
+        bars ends with the last batch that closes one: the batches behind it wait for the next
+        run, processed once the decision task took the bars (one batched decision for the
+        instruments whose bars closed together). Where a run ends never changes the bars."""
         pending: collections.Counter[int] = collections.Counter()
         closed: set[int] = set()
-        scanned = closing = 0
+        scanned = closing = seen_ns = 0
         while True:
             for k in range(scanned, len(inbox)):
                 event = inbox[k]
-                if isinstance(event, RecordBatch) and (ids := self._features.closing(event.records, pending)):
+                if not isinstance(event, RecordBatch):
+                    continue
+                if seen_ns and event.received_ns > seen_ns:
+                    return closing
+                if ids := self._features.closing(event.records, pending):
                     closing = k + 1
                     closed.update(ids)
+                    seen_ns = seen_ns or time.time_ns()
             scanned = len(inbox)
             if len(closed) == len(self._features.by_id) or scanned >= INTAKE_BATCHES or intake.done():
                 break
