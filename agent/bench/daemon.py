@@ -280,7 +280,7 @@ async def _relay(
     log.close()
     first: float | None = None
     deadline = time.monotonic() + 120 + total / 1000
-    while (records := daemon.status().feed["records"]) < total and time.monotonic() < deadline:
+    while (records := daemon.records) < total and time.monotonic() < deadline:
         if first is None and records:
             first = time.monotonic()
         if relay.poll() not in (None, 0):
@@ -288,7 +288,7 @@ async def _relay(
         await asyncio.sleep(0.01)
     elapsed = time.monotonic() - (first or time.monotonic())
     await asyncio.sleep(0.5)  # the last bars' decisions and orders
-    consumed = daemon.status().feed["records"]
+    consumed = daemon.records
     if await asyncio.to_thread(relay.wait, 60) != 0:
         raise AgentError(f"relay failed: {log_path.read_text(errors='replace')[-2000:]}")
     return elapsed, consumed
