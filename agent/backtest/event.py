@@ -190,7 +190,7 @@ class EventDriver:
         record's ``ts_recv``, after it). The features take the batch as one array and hand its
         runs out with the books as of each run's end
         (:meth:`~feeds.features.IncrementalFeatures.closing_runs`): the runs, bars and books that
-        :func:`agent.trading.step.closing_runs` gives the daemon's replay record by record."""
+        pushing the records one at a time gives (the daemon's replay walks its events the same way)."""
         for run, frame in self.features.closing_runs(records):
             t0 = time.perf_counter_ns()
             self._market(run)

@@ -49,7 +49,6 @@ from agent.daemon.events import Events
 from agent.daemon.lifecycle import Component, State
 from agent.daemon.metrics import DaemonMetrics
 from agent.execution.venues import Venue
-from agent.trading.step import closing_runs
 from feeds.dbn.framing import concat_mbp10
 from feeds.features import BarFrame, IncrementalFeatures
 from feeds.sources import HealthEvent, HealthKind, RecordBatch, Source, SourceEvent
@@ -240,12 +239,14 @@ class Intake(Component):
             raise
 
     async def _replay_feed(self, source: Source) -> None:
-        """Replay on the feed's clock (:func:`agent.trading.step.closing_runs`)."""
+        """Replay on the feed's clock: each event's records pushed as one array and handed back
+        run by run (:meth:`~feeds.features.IncrementalFeatures.closing_runs`), each run's closes
+        decided before the next run reaches the venue, as the event-driven backtest does."""
         async for event in source:
             if isinstance(event, HealthEvent):
                 self._on_health(event)
                 continue
-            for run, frame in closing_runs(self._features, event.records):
+            for run, frame in self._features.closing_runs(event.records):
                 self._moved(int(run["ts_recv"][-1]))
                 self._venue.on_records(run)
                 if frame is not None:

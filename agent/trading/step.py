@@ -34,7 +34,7 @@ the ledger and sends it the way its venue needs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,32 +53,11 @@ from feeds.book import tick_fixed
 from feeds.config import InstrumentSpec
 from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
 from feeds.health import fault_mask
-from feeds.records import MBP10_DTYPE, PRICE_SCALE, UNDEF_PRICE
+from feeds.records import PRICE_SCALE, UNDEF_PRICE
 
-__all__ = ["BarClose", "Step", "TradingStep", "closing_runs"]
+__all__ = ["BarClose", "Step", "TradingStep"]
 
 _LOGRET = FEATURE_NAMES.index("mid_logret")
-_RECORD = MBP10_DTYPE.itemsize
-
-
-def closing_runs(
-    features: IncrementalFeatures, records: np.ndarray[Any, Any]
-) -> Iterator[tuple[np.ndarray[Any, Any], BarFrame | None]]:
-    """Walk ``records`` (feed order) through ``features`` one record at a time; yield each run of
-    records that ends with one closing bars, with the bars it closed, then the records left
-    (frame None). The event-driven backtest and the daemon's replay both hand each run to their
-    venue, then decide its bars before the next record: an order placed at the closing record's
-    ``ts_recv`` meets the book as it stands after that record, never a later one."""
-    raw = np.ascontiguousarray(records).data.cast("B")
-    push = features.push
-    start = 0
-    for k in range(records.shape[0]):
-        frame = push(raw[k * _RECORD : (k + 1) * _RECORD])
-        if frame is not None:
-            yield records[start : k + 1], frame
-            start = k + 1
-    if start < records.shape[0]:
-        yield records[start:], None
 
 
 @dataclass(frozen=True, slots=True)

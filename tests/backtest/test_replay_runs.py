@@ -1,23 +1,40 @@
-"""The event-driven driver's walk through a batch (:meth:`IncrementalFeatures.closing_runs`: the
-batch pushed as one array) hands out the same runs, bars and books as the daemon's replay,
-which pushes record by record (:func:`agent.trading.step.closing_runs`)."""
+"""The replay walk through a batch (:meth:`IncrementalFeatures.closing_runs`: the batch pushed as
+one array; the daemon's replay and the event-driven backtest) hands out the same runs, bars and
+books as pushing the records one at a time (:func:`closing_runs` here, the reference)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from agent.trading.step import closing_runs
 from feeds.config import BarConfig, HealthConfig, InstrumentSpec
 from feeds.features import BarFrame, IncrementalFeatures
-from feeds.records import UNDEF_PRICE
+from feeds.records import MBP10_DTYPE, UNDEF_PRICE
 from tests.feeds.recbuild import random_book
 
 SPECS = [InstrumentSpec(symbol="ES", instrument_id=1001), InstrumentSpec(symbol="NQ", instrument_id=1002)]
 HEALTH = HealthConfig(stale_after_s=2.0, max_price_jump_ticks=50)
+
+
+def closing_runs(
+    features: IncrementalFeatures, records: np.ndarray
+) -> Iterator[tuple[np.ndarray, BarFrame | None]]:
+    """Reference: ``records`` pushed one at a time; each run of records that ends with one
+    closing bars, with the bars it closed, then the records left (frame None)."""
+    size = MBP10_DTYPE.itemsize
+    raw = np.ascontiguousarray(records).data.cast("B")
+    start = 0
+    for k in range(records.shape[0]):
+        frame = features.push(raw[k * size : (k + 1) * size])
+        if frame is not None:
+            yield records[start : k + 1], frame
+            start = k + 1
+    if start < records.shape[0]:
+        yield records[start:], None
 
 
 def feed(seed: int) -> np.ndarray:
