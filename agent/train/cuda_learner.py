@@ -127,6 +127,9 @@ class CudaLearner:
             "q": mapped_empty((n_envs, model.n_actions), np.float32),
         }
         self._graphs: dict[int, Any] = {}
+        """Update graphs by input set."""
+        self._act_graphs: dict[int, Any] = {}
+        """Acting graphs by number of environments."""
         self._done = [cp.cuda.Event(), cp.cuda.Event()]
         self._next = 0
         self._data: EnvData | None = None
@@ -161,6 +164,7 @@ class CudaLearner:
         with self.stream:
             self.fused.feat = self._cp.asarray(data.feat, dtype=np.float32)
         self._graphs.clear()
+        self._act_graphs.clear()
         self._data = data
 
     # acting -------------------------------------------------------------------------------------
@@ -204,19 +208,35 @@ class CudaLearner:
         io["t"].host[:n] = t
         io["agent"].host[:n] = agent
         io["step"].host[:n] = step
-        with self.stream:
-            self.fused.act(
-                io["t"].device[:n],
-                io["agent"].device[:n],
-                io["step"].device[:n],
-                seed=self.seed,
-                purpose=int(Purpose.THOMPSON),
-                greedy=False,
-                action=io["action"].device[:n],
-                q=io["q"].device[:n],
-            )
+        graph = self._act_graphs.get(n)
+        if graph is None:
+            graph = self._capture_act(n)
+        graph.launch(self.stream)
         self.stream.synchronize()
         return io["action"].host[:n].astype(np.int64)
+
+    def _capture_act(self, n: int) -> Any:
+        """The acting launch for ``n`` environments as a graph (replayed each lockstep step:
+        a graph launch costs the host a fraction of a kernel launch with its arguments)."""
+        io = self._act_in
+        self.stream.synchronize()
+        with self.stream:
+            self.stream.begin_capture()
+            try:
+                self.fused.act(
+                    io["t"].device[:n],
+                    io["agent"].device[:n],
+                    io["step"].device[:n],
+                    seed=self.seed,
+                    purpose=int(Purpose.THOMPSON),
+                    greedy=False,
+                    action=io["action"].device[:n],
+                    q=io["q"].device[:n],
+                )
+            finally:
+                graph = self.stream.end_capture()
+        self._act_graphs[n] = graph
+        return graph
 
     # learning -----------------------------------------------------------------------------------
 
