@@ -269,7 +269,8 @@ class InferenceEngine:
             raise InferenceError(
                 f"slots must be 1 to {self.max_batch} integers, got shape {s.shape} {s.dtype}"
             )
-        if s.min() < 0 or s.max() >= self.n_slots:
+        ids = s.tolist()  # a few Python ints: cheaper to check than NumPy reductions
+        if min(ids) < 0 or max(ids) >= self.n_slots:
             raise InferenceError(f"slot out of range [0, {self.n_slots})")
         s32 = s.astype(np.int32)
         if n > 1:
