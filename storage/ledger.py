@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TypeVar, cast
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -120,6 +120,16 @@ LedgerWrite = LedgerOrder | LedgerFill | OrderUpdate
 """One write of :meth:`Ledger.record`."""
 
 
+_Row = TypeVar("_Row", OrderRow, FillRow)
+
+
+def _stored(session: Session, row_type: type[_Row], key: str, values: list[str]) -> dict[str, _Row]:
+    """The stored rows of ``row_type`` whose unique column ``key`` is one of ``values``, by it
+    (what a write that met a conflict compares itself with)."""
+    column = getattr(row_type, key)
+    return {getattr(r, key): r for r in session.scalars(select(row_type).where(column.in_(values)))}
+
+
 def _unique_fills(fills: Sequence[LedgerFill]) -> list[LedgerFill]:
     """``fills`` checked, each fill id once (the same fill twice is one; twice with different
     content is refused)."""
@@ -202,12 +212,7 @@ class Ledger:
         new = {r[0] for r in insert_ignoring_conflicts(session, OrderRow, rows, key, key)}
         seen = [o for o in orders if o.client_order_id not in new]
         if seen:
-            stored = {
-                r.client_order_id: r
-                for r in session.scalars(
-                    select(OrderRow).where(OrderRow.client_order_id.in_([o.client_order_id for o in seen]))
-                )
-            }
+            stored = _stored(session, OrderRow, "client_order_id", [o.client_order_id for o in seen])
             for order in seen:
                 row = stored.get(order.client_order_id)
                 if row is None or not same_order(row, order):
@@ -370,12 +375,7 @@ class Ledger:
         }
         duplicates = [f for f in batch if f.fill_id not in ledger_ids]
         if duplicates:
-            stored = {
-                r.fill_id: r
-                for r in session.scalars(
-                    select(FillRow).where(FillRow.fill_id.in_([f.fill_id for f in duplicates]))
-                )
-            }
+            stored = _stored(session, FillRow, "fill_id", [f.fill_id for f in duplicates])
             for fill in duplicates:
                 if not same_fill(stored[fill.fill_id], fill):
                     raise InvalidRecord(f"fill_id {fill.fill_id} was already recorded with different content")

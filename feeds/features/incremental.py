@@ -560,17 +560,17 @@ class IncrementalFeatures:
         ids, good = self._route(contiguous)
         # where each builder's records are in the batch, and the bars it closed with the record
         # (its index among the builder's) that closed them
+        seen = {b: n for b, (n, _) in zip(builders, before, strict=True)}
         places = {
             b: np.flatnonzero(good & (ids == b.spec.instrument_id))
-            for b, (seen, _) in zip(builders, before, strict=True)
-            if b.records_seen > seen
+            for b in builders
+            if b.records_seen > seen[b]
         }
         closing = [b for b in builders if b.closed]
         closed_by = [np.array([row[_P["closed_by"]] for row in b.closed]) for b in closing]
-        firsts = {b: seen for b, (seen, _) in zip(builders, before, strict=True)}
         runs: list[tuple[int, BarFrame]] = []
         for builder, frame, by in zip(closing, _take_frames(closing), closed_by, strict=True):
-            ends = places[builder][by - firsts[builder]]
+            ends = places[builder][by - seen[builder]]
             cuts = [0, *(np.flatnonzero(np.diff(ends)) + 1).tolist(), len(ends)]
             if len(cuts) == 2:
                 runs.append((int(ends[0]), frame))
