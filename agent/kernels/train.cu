@@ -101,6 +101,26 @@ act_kernel(const float* __restrict__ P, const float* __restrict__ support, const
     }
 }
 
+// G[k, j] += a[k] b[j] for k < MF_D, j < N (G global, row-major): each thread reads four of its
+// entries before it writes any, so that four loads are in flight instead of one.
+template <int N>
+__device__ __forceinline__ void tb_add_outer(float* __restrict__ G, const float* a, const float* b) {
+    constexpr int U = 4, n = MF_D * N;
+    for (int base = threadIdx.x; base < n; base += U * MF_THREADS) {
+        float g[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = base + u * MF_THREADS;
+            g[u] = i < n ? G[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = base + u * MF_THREADS;
+            if (i < n) G[i] = g[u] + a[i / N] * b[i % N];
+        }
+    }
+}
+
 // One sample's forward, loss and backward; its gradient is added to G (the block's row).
 __device__ void tb_sample(const float* __restrict__ P, const float* __restrict__ support,
                           const float* __restrict__ feat, const long long* __restrict__ t_obs,
@@ -154,16 +174,21 @@ __device__ void tb_sample(const float* __restrict__ P, const float* __restrict__
     // Heads' backward: weights, biases, gfeat; final norm.
     const float* gq = sm + TB_GHEAD;
     const float* gr = sm + TB_GHEAD + MF_R4(MF_NQ);
-    for (int i = threadIdx.x; i < MF_D * MF_NQ; i += MF_THREADS) G[OFF_Q_WT + i] += feat_v[i / MF_NQ] * gq[i % MF_NQ];
-    for (int i = threadIdx.x; i < MF_D * MF_NR; i += MF_THREADS) G[OFF_R_WT + i] += feat_v[i / MF_NR] * gr[i % MF_NR];
+    tb_add_outer<MF_NQ>(G + OFF_Q_WT, feat_v, gq);
+    tb_add_outer<MF_NR>(G + OFF_R_WT, feat_v, gr);
     for (int j = threadIdx.x; j < MF_NQ; j += MF_THREADS) G[OFF_Q_B + j] += gq[j];
     for (int j = threadIdx.x; j < MF_NR; j += MF_THREADS) G[OFF_R_B + j] += gr[j];
-    for (int k = threadIdx.x; k < MF_D; k += MF_THREADS) {
+    // gfeat: one warp a feature k, the lanes over the heads' outputs (coalesced weight rows).
+    for (int k = threadIdx.x >> 5; k < MF_D; k += MF_WARPS) {
+        const int lane = threadIdx.x & 31;
         float acc = 0.0f;
-        for (int j = 0; j < MF_NQ; ++j) acc += gq[j] * __ldg(P + OFF_Q_WT + k * MF_NQ + j);
-        for (int j = 0; j < MF_NR; ++j) acc += gr[j] * __ldg(P + OFF_R_WT + k * MF_NR + j);
-        gfeat[k] = acc;
-        G[OFF_FINAL_NORM + k] += acc * fhat[k];
+        for (int j = lane; j < MF_NQ; j += 32) acc += gq[j] * __ldg(P + OFF_Q_WT + k * MF_NQ + j);
+        for (int j = lane; j < MF_NR; j += 32) acc += gr[j] * __ldg(P + OFF_R_WT + k * MF_NR + j);
+        acc = mf_warp_sum(acc);
+        if (lane == 0) {
+            gfeat[k] = acc;
+            G[OFF_FINAL_NORM + k] += acc * fhat[k];
+        }
     }
     float* gh = sm + TB_GH;
     for (int i = threadIdx.x; i < MF_K * MF_D; i += MF_THREADS) gh[i] = 0.0f;

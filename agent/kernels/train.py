@@ -72,6 +72,8 @@ STATS_DTYPE = np.dtype(
 
 _MAX_SHARED = 227 * 1024
 """Dynamic shared memory a Hopper block may opt in to (bytes)."""
+_STATIC_SHARED = 256
+"""Bytes kept back for the kernels' static ``__shared__`` variables (64 used)."""
 
 
 def _r4(n: int) -> int:
@@ -93,16 +95,20 @@ class TrainLayout:
     """Dynamic shared memory of ``backward_kernel`` (bytes)."""
     state_floats: int
     """Floats of one layer's forward state (TB_U .. TB_GH) that the backward keeps per sample."""
+    shared_limit: int
+    """Shared memory a block may use (bytes) that the layout was made for."""
 
     @property
     def fits(self) -> bool:
         """Whether the backward kernel's working set fits one block's shared memory."""
-        return self.backward_shared <= _MAX_SHARED
+        return self.backward_shared <= self.shared_limit - _STATIC_SHARED
 
 
 @functools.cache
-def train_layout(cfg: ModelConfig) -> TrainLayout:
-    """The layout for ``cfg`` (``n_features`` resolved)."""
+def train_layout(cfg: ModelConfig, shared_limit: int = _MAX_SHARED) -> TrainLayout:
+    """The layout for ``cfg`` (``n_features`` resolved) in ``shared_limit`` bytes of shared
+    memory a block (default: what a Hopper block may opt in to); the projections' weights are
+    staged in as many rows a chunk as the limit leaves room for."""
     fwd = forward_layout(cfg)
     k, f, d, layers = cfg.window, cfg.n_features, cfg.d_model, cfg.n_layers
     di, h, g, p = cfg.d_inner, cfg.n_heads, cfg.ngroups, cfg.headdim
@@ -144,11 +150,21 @@ def train_layout(cfg: ModelConfig) -> TrainLayout:
     for name, size in sizes.items():
         offsets[name] = pos
         pos += _r4(size)
+    # The projections' weights are staged in chunks of whole rows (a multiple of 4, so that every
+    # chunk starts 16-byte aligned): as large a region as the rest leaves, from 4 rows of the
+    # widest matrix (else the kernel does not fit) up to both matrices whole.
+    room = (shared_limit - _STATIC_SHARED) // 4 - pos
+    need = max(d * ip, di * d)
+    ws = max(min(need, room), 4 * max(ip, d))
+    offsets["TB_WS"] = pos
+    pos += _r4(ws)
+    chunks = {"TB_CH_WIN": min(d, ws // ip // 4 * 4), "TB_CH_WOUT": min(di, ws // d // 4 * 4)}
     options = (
         *fwd.options,
         *TRAIN.options(),
         f"-DMF_RET_MAX={float(cfg.return_max_ticks)!r}",
         *(f"-D{name}={value}" for name, value in offsets.items()),
+        *(f"-D{name}={value}" for name, value in chunks.items()),
     )
     return TrainLayout(
         options=options,
@@ -157,6 +173,7 @@ def train_layout(cfg: ModelConfig) -> TrainLayout:
         forward_shared=4 * fwd.shared_floats,
         backward_shared=4 * pos,
         state_floats=offsets["TB_GH"] - offsets["TB_U"],
+        shared_limit=shared_limit,
     )
 
 
@@ -260,7 +277,8 @@ class FusedUpdate:
     sample's layer states), ``sumsq``, ``norm``, ``counters`` (int64, :data:`COUNTERS`),
     ``ring`` (``ring_size`` records of :data:`STATS_DTYPE` as bytes), ``sample_stats`` (B, 3),
     ``q_online``/``q_target`` (B, A * atoms). ``feat`` is the fold's normalised market
-    features (rows, F - 2) on the device; ``inputs`` the batch (:data:`INPUTS`).
+    features (rows, F - 2) on the device; ``inputs`` the batch (:data:`INPUTS`). ``layout``:
+    the one the kernels were compiled with (default ``train_layout(cfg)``).
     """
 
     def __init__(
@@ -274,8 +292,9 @@ class FusedUpdate:
         inputs: Mapping[str, Any],
         ring_size: int,
         blocks: int | None = None,
+        layout: TrainLayout | None = None,
     ) -> None:
-        layout = train_layout(cfg)
+        layout = layout or train_layout(cfg)
         self.cfg, self.settings, self.layout, self.xp, self._get = cfg, settings, layout, xp, get
         self.batch = int(inputs["t_obs"].shape[0])
         self.inputs = dict(inputs)

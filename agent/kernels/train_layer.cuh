@@ -16,10 +16,23 @@
 //   (K, P + 1); TB_CB, TB_GCB C B^T and its gradient per group (G, K, K); TB_CUM every head's
 //   cumulative dt A (K, H); TB_GCUM one head's gradient of it (K); TB_GA gA per head (H);
 //   TB_HEAD q and return logits; TB_GHEAD their gradients; TB_FEAT feat, fhat, gfeat, fr
-//   (4 x D); TB_TGT the target distribution m (ATOMS); TB_SCRATCH ((A + 2) x ATOMS).
+//   (4 x D); TB_TGT the target distribution m (ATOMS); TB_SCRATCH ((A + 2) x ATOMS); TB_WS
+//   the staging region of the projections' weights (tb_stage_rows).
 
 // A layer's forward state: the regions TB_U .. TB_GH (u, r, zx, xbc, dt, y, rg), contiguous.
 #define TB_STATE (TB_GH - TB_U)
+
+// Rows [r0, r0 + n) of a row-major weight W (global, ncols columns) copied into the staging
+// region TB_WS, landed and visible to the whole block on return. Callers synchronise the block
+// between the last read of the region and the next copy into it. Chunks of TB_CH_WIN rows of
+// W_in^T (D, IP) and TB_CH_WOUT rows of W_out^T (Di, D) fit the region (train_layout()): the
+// forward's projections read their weights from shared memory, one L2 round trip a chunk. (The
+// backward's products with the weights, tr_mm_rows, load each weight row once into registers
+// and were measured slower staged.)
+__device__ __forceinline__ void tb_stage_rows(float* sm, const float* __restrict__ W, int ncols, int r0, int n) {
+    mf_stage(sm + TB_WS, W + (size_t)r0 * ncols, n * ncols);
+    mf_stage_wait();
+}
 
 // dst[i] = src[i] for i < n (n and both addresses multiples of 4 floats), as float4.
 __device__ __forceinline__ void tb_copy4(float* dst, const float* src, int n) {
@@ -42,9 +55,13 @@ __device__ void tb_layer_forward(const float* __restrict__ P, int l, const float
     float* rg = sm + TB_RG;
     tr_rmsnorm_rows(hs, u, sm + TB_R, blk + BLK_NORM, MF_K);
     __syncthreads();
-    mf_matmul<mf_tile(MF_IP, MF_K)>(u, MF_D, MF_D, blk + BLK_WIN_T, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0, MF_K,
-                                    false);
-    __syncthreads();
+    for (int k0 = 0; k0 < MF_D; k0 += TB_CH_WIN) {  // in_proj, a chunk of its input rows at a time
+        const int n = min(TB_CH_WIN, MF_D - k0);
+        tb_stage_rows(sm, blk + BLK_WIN_T, MF_IP, k0, n);
+        mf_matmul<mf_tile(MF_IP, MF_K)>(u + k0, MF_D, n, sm + TB_WS, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0, MF_K,
+                                        k0 > 0);
+        __syncthreads();
+    }
     for (int i = threadIdx.x; i < MF_K * MF_CD; i += MF_THREADS) {
         const int t = i / MF_CD, c = i % MF_CD;
         float pre = __ldg(blk + BLK_CONV_B + c);
@@ -108,10 +125,13 @@ __device__ void tb_layer_forward(const float* __restrict__ P, int l, const float
     __syncthreads();
     if (out != nullptr) {
         for (int i = threadIdx.x; i < (MF_K - t0) * MF_D; i += MF_THREADS) out[t0 * MF_D + i] = hs[t0 * MF_D + i];
-        __syncthreads();
-        mf_matmul<mf_tile(MF_D, MF_K)>(sm + TB_GO + t0 * MF_DI, MF_DI, MF_DI, blk + BLK_WOUT_T, MF_D, nullptr,
-                                       out + t0 * MF_D, MF_D, 0, MF_D, 0, MF_K - t0, true);
-        __syncthreads();
+        for (int k0 = 0; k0 < MF_DI; k0 += TB_CH_WOUT) {  // out_proj, a chunk of its input rows at a time
+            const int n = min(TB_CH_WOUT, MF_DI - k0);
+            tb_stage_rows(sm, blk + BLK_WOUT_T, MF_D, k0, n);  // (its barrier also orders the copy above)
+            mf_matmul<mf_tile(MF_D, MF_K)>(sm + TB_GO + t0 * MF_DI + k0, MF_DI, n, sm + TB_WS, MF_D, nullptr,
+                                           out + t0 * MF_D, MF_D, 0, MF_D, 0, MF_K - t0, true);
+            __syncthreads();
+        }
     }
 }
 
@@ -180,13 +200,18 @@ __device__ void tb_layer_backward(const float* __restrict__ P, int l, const floa
     }
     __syncthreads();
     // gD per head; C B^T per group; the gradient accumulators zeroed.
-    for (int h = threadIdx.x; h < MF_H; h += MF_THREADS) {
+    // One warp a head, the lanes over its (step, channel) pairs.
+    for (int h = threadIdx.x >> 5; h < MF_H; h += TR_WARPS) {
         float acc = 0.0f;
-        for (int t = 0; t < MF_K; ++t) {
-            for (int p = 0; p < MF_P; ++p) acc += go[t * MF_DI + h * MF_P + p] * xbc[t * MF_CD + h * MF_P + p];
+        for (int i = lane; i < MF_K * MF_P; i += 32) {
+            const int t = i / MF_P, p = i % MF_P;
+            acc += go[t * MF_DI + h * MF_P + p] * xbc[t * MF_CD + h * MF_P + p];
         }
-        gblk[BLK_D + h] += acc;
-        sm[TB_GA + h] = 0.0f;
+        acc = mf_warp_sum(acc);
+        if (lane == 0) {
+            gblk[BLK_D + h] += acc;
+            sm[TB_GA + h] = 0.0f;
+        }
     }
     for (int i = threadIdx.x; i < MF_G * MF_K * MF_K; i += MF_THREADS) {
         const int g = i / (MF_K * MF_K), t = (i / MF_K) % MF_K, s = i % MF_K;
@@ -257,11 +282,12 @@ __device__ void tb_layer_backward(const float* __restrict__ P, int l, const floa
                     gM[t * KP + s] * expf(cum_all[t * MF_H + h] - cum_all[s * MF_H + h]);
             }
         }
-        // gcum_t = sum_s S[t, s] - sum_t' S[t', t], S = gM * M.
-        for (int t = threadIdx.x; t < MF_K; t += MF_THREADS) {
+        // gcum_t = sum_s S[t, s] - sum_t' S[t', t], S = gM * M: one warp a step t, the lanes over s.
+        for (int t = threadIdx.x >> 5; t < MF_K; t += TR_WARPS) {
             float acc = 0.0f;
-            for (int s = 0; s < MF_K; ++s) acc += gM[t * KP + s] * M[t * KP + s] - gM[s * KP + t] * M[s * KP + t];
-            gcum[t] = acc;
+            for (int s = lane; s < MF_K; s += 32) acc += gM[t * KP + s] * M[t * KP + s] - gM[s * KP + t] * M[s * KP + t];
+            acc = mf_warp_sum(acc);
+            if (lane == 0) gcum[t] = acc;
         }
         __syncthreads();
         // Warp 0: ga_r = sum_{t >= r} gcum_t (a suffix scan, 32 steps a pass), then
