@@ -133,24 +133,28 @@ class RegimeTracker:
         warmup, floor = cfg.warmup_bars, float(self.floors[i])
         ema, ref, scale = float(self.vol_ema[i]), float(self.vol_ref[i]), float(self.scale[i])
         count = int(self.count[i])
-        out = []
+        out: list[float] = []
+        append, isfinite, scale_of = out.append, math.isfinite, self._scale_of  # looked up once
         for x in returns:
-            if math.isfinite(x):
+            if isfinite(x):
                 sq = x * x
                 ema = sq if count == 0 else keep_fast * ema + fast * sq
                 count += 1
                 ref = ref + (ema - ref) / count if count <= warmup else keep_slow * ref + slow * ema
-                scale = self._scale_of(ema, ref, floor)
+                scale = scale_of(ema, ref, floor)
             elif not math.isnan(x):
                 self.rejected += 1  # +-inf; NaN is "no bar"
-            out.append(scale)
+            append(scale)
         self.vol_ema[i], self.vol_ref[i], self.count[i], self.scale[i] = ema, ref, count, scale
         return out
 
     def _scale_of(self, ema: float, ref: float, floor: float) -> float:
         """``clamp(max(ref, floor) / (ema + eps), scale_floor, 1)``; ``scale_floor`` when not finite."""
         ratio = (ref if math.isnan(ref) or ref >= floor else floor) / (ema + _EPS)  # NaN wins, as np.maximum
-        return min(max(ratio, self.scale_floor), 1.0) if math.isfinite(ratio) else self.scale_floor
+        low = self.scale_floor
+        if not math.isfinite(ratio) or ratio < low:
+            return low
+        return 1.0 if ratio > 1.0 else ratio
 
 
 def ema_series(x: Any, alpha: float, init: float, block: int = 256) -> np.ndarray[Any, np.dtype[np.float64]]:
