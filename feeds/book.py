@@ -30,8 +30,8 @@ __all__ = [
     "LEVEL_DTYPE",
     "BookSnapshot",
     "Levels",
-    "book_levels",
     "level_arrays",
+    "levels_at",
     "tick_fixed",
 ]
 
@@ -51,6 +51,14 @@ _LEVELS_VIEW = np.dtype(
     {
         "names": ["levels"],
         "formats": [(LEVEL_DTYPE, (LEVELS,))],
+        "offsets": [_LEVELS_OFFSET],
+        "itemsize": MBP10_DTYPE.itemsize,
+    }
+)
+_LEVELS_BYTES = np.dtype(
+    {
+        "names": ["levels"],
+        "formats": [f"V{LEVELS * LEVEL_DTYPE.itemsize}"],
         "offsets": [_LEVELS_OFFSET],
         "itemsize": MBP10_DTYPE.itemsize,
     }
@@ -85,20 +93,21 @@ def level_arrays(records: np.ndarray) -> Levels:
 
     No copy is made when ``records`` is contiguous; a strided input is copied once.
     """
-    levels = book_levels(records)
+    if records.dtype != MBP10_DTYPE:
+        raise FeedError(f"expected MBP-10 records, got dtype {records.dtype}")
+    contiguous = np.ascontiguousarray(records)
+    levels = contiguous.view(_LEVELS_VIEW)["levels"]
     return Levels(levels["bid_px"], levels["ask_px"], levels["bid_sz"], levels["ask_sz"])
 
 
-def book_levels(records: np.ndarray) -> np.ndarray:
-    """The levels of ``records`` (dtype :data:`MBP10_DTYPE`, shape ``(n,)``) as one view of
-    :data:`LEVEL_DTYPE`, shape ``(n, LEVELS)``: indexing its rows copies 320 bytes of levels a
-    record in one move (a field-by-field gather moves 40 strided columns).
-
-    No copy is made when ``records`` is contiguous; a strided input is copied once.
-    """
+def levels_at(records: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """A copy of the levels of ``records[rows]`` (``records``: dtype :data:`MBP10_DTYPE`, shape
+    ``(n,)``) as :data:`LEVEL_DTYPE`, shape ``(len(rows), LEVELS)``. The levels move as raw bytes,
+    320 a record (NumPy copies a structured array field by field, several times slower)."""
     if records.dtype != MBP10_DTYPE:
         raise FeedError(f"expected MBP-10 records, got dtype {records.dtype}")
-    levels: np.ndarray = np.ascontiguousarray(records).view(_LEVELS_VIEW)["levels"]
+    raw = np.ascontiguousarray(records).view(_LEVELS_BYTES)["levels"][rows]
+    levels: np.ndarray = raw.view(LEVEL_DTYPE).reshape(raw.shape[0], LEVELS)
     return levels
 
 

@@ -30,6 +30,7 @@ have acted, and refuses ``--fast`` with limit orders up front.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -53,9 +54,9 @@ from agent.execution.fills import (
 )
 from agent.policy.observation import observation_rows
 from agent.policy.regime import RegimeTracker
-from agent.trading.decider import Decider
+from agent.trading.decider import Decided, Decider
 from agent.trading.risk import RiskLimits
-from feeds.book import LEVEL_DTYPE, book_levels, tick_fixed
+from feeds.book import LEVEL_DTYPE, levels_at, tick_fixed
 from feeds.config import FeedsConfig, InstrumentSpec
 from feeds.dbn import iter_mbp10
 from feeds.features import FEATURE_NAMES, BarFrame, FeatureStream
@@ -64,7 +65,6 @@ from feeds.records import LEVELS, PRICE_SCALE
 __all__ = ["BarSet", "FastRun", "FillList", "MetBooks", "load_bars", "marks_of", "regime_path", "run_fast"]
 
 _LOGRET = FEATURE_NAMES.index("mid_logret")
-_LEVEL_FIELDS = ("bid_px", "bid_sz", "ask_px", "ask_sz")
 _KEYS = np.dtype([("instrument_id", "<u4"), ("ts_recv", "<u8")])
 _CHUNK_RECORDS = 1 << 16
 """:func:`load_bars` decodes this many records at a time (24 MiB)."""
@@ -75,8 +75,8 @@ class MetBooks:
     """Per bar of one instrument, the book its order meets as the paper broker has it, and
     whether that order would be late (:func:`agent.execution.fills.order_schedule`)."""
 
-    levels: dict[str, np.ndarray[Any, Any]]
-    """``bid_px``, ``bid_sz``, ``ask_px``, ``ask_sz``: ``[bars, LEVELS]``."""
+    levels: np.ndarray[Any, Any]
+    """:data:`feeds.book.LEVEL_DTYPE`, ``[bars, LEVELS]``."""
     late: np.ndarray[Any, Any]
 
 
@@ -130,8 +130,7 @@ def load_bars(
     books = {}
     for s in specs:
         schedule = order_schedule(keys, s.instrument_id, result.frames[s.symbol].close_index, latency_ms)
-        levels = _levels_at(chunks, first, schedule.rows)
-        books[s.symbol] = MetBooks(levels={name: levels[name] for name in _LEVEL_FIELDS}, late=schedule.late)
+        books[s.symbol] = MetBooks(levels=_levels_at(chunks, first, schedule.rows), late=schedule.late)
     return BarSet(
         frames=result.frames,
         books=books,
@@ -148,11 +147,18 @@ def _levels_at(
     """The book levels (:data:`feeds.book.LEVEL_DTYPE`, ``[len(rows), LEVELS]``) of the records at
     ``rows`` of the feed cut into ``chunks`` (chunk ``c`` starts at record ``first[c]``)."""
     out = np.empty((rows.shape[0], LEVELS), LEVEL_DTYPE)
+    words = _words(out)
     chunk_of = np.searchsorted(first, rows, side="right") - 1
     for c in np.unique(chunk_of).tolist():
         at = np.flatnonzero(chunk_of == c)
-        out[at] = book_levels(chunks[c])[rows[at] - first[c]]
+        words[at] = _words(levels_at(chunks[c], rows[at] - first[c]))
     return out
+
+
+def _words(levels: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Contiguous levels ``[n, LEVELS]`` as int64 words ``[n, 4 * LEVELS]`` (a view): NumPy moves
+    a structured array field by field, several times slower than plain words."""
+    return levels.view(np.int64)
 
 
 def marks_of(frame: BarFrame) -> np.ndarray[Any, Any]:
@@ -222,6 +228,28 @@ class FastRun(NamedTuple):
     span per instrument and none late (and no risk limit acting), both drivers agree exactly."""
 
 
+class _Grid(NamedTuple):
+    """The lockstep grid: per step (row) and slot (column), the bar the slot reads and what of
+    it does not depend on the decisions, gathered once for the whole run (``[steps, slots]``).
+    A slot's span ends before the last step where ``active`` is false (its entries there are
+    placeholders, never read)."""
+
+    active: np.ndarray[Any, Any]
+    bar: np.ndarray[Any, Any]
+    """The bar's index in its instrument's bar sequence."""
+    row: np.ndarray[Any, Any]
+    """The bar's row in the instruments' bars concatenated (:class:`_Columns`)."""
+    live: np.ndarray[Any, Any]
+    """The bar is traded (not one of the ``K - 1`` bars a later span re-reads)."""
+    closing: np.ndarray[Any, Any]
+    """The last bar of a span before the instrument's last one: it ends flat."""
+    may_trade: np.ndarray[Any, Any]
+    """Live, tradable and orderable (:attr:`_Columns.orderable`)."""
+    regime: np.ndarray[Any, Any]
+    tradable: np.ndarray[Any, Any]
+    mid_ticks: np.ndarray[Any, Any]
+
+
 class _Columns(NamedTuple):
     """The instruments' bars concatenated (``offsets[i] + bar`` indexes them), with each bar's
     execution record and whether its order would be late (:func:`agent.execution.fills.order_schedule`)."""
@@ -231,9 +259,9 @@ class _Columns(NamedTuple):
     tradable: np.ndarray[Any, Any]
     mid_ticks: np.ndarray[Any, Any]
     ts_close: np.ndarray[Any, Any]
-    exec_levels: dict[str, np.ndarray[Any, Any]]
-    """Per bar, the levels (bid_px, bid_sz, ask_px, ask_sz: ``[bars, LEVELS]``) of the book its
-    order meets (:func:`agent.execution.fills.order_schedule`)."""
+    exec_levels: np.ndarray[Any, Any]
+    """Per bar, the levels of the book its order meets
+    (:func:`agent.execution.fills.order_schedule`) as int64 words (:func:`_words`)."""
     late: np.ndarray[Any, Any]
     orderable: np.ndarray[Any, Any]
     """Bars closed together by one record (a gap closes empty bars too): only the last may
@@ -249,9 +277,39 @@ def _columns(bars: BarSet, specs: Sequence[InstrumentSpec], frames: Sequence[Bar
         tradable=np.concatenate([f.tradable for f in frames]),
         mid_ticks=np.concatenate([f.mid_ticks for f in frames]).astype(np.float64),
         ts_close=np.concatenate([f.ts_close for f in frames]),
-        exec_levels={name: np.concatenate([b.levels[name] for b in books]) for name in _LEVEL_FIELDS},
+        exec_levels=np.concatenate([_words(b.levels) for b in books]),
         late=np.concatenate([b.late for b in books]),
         orderable=np.concatenate([np.r_[f.n_records[1:] > 0, True] for f in frames]),
+    )
+
+
+def _grid(
+    cols: _Columns,
+    regime: np.ndarray[Any, Any],
+    *,
+    inst: np.ndarray[Any, Any],
+    lo: np.ndarray[Any, Any],
+    start: np.ndarray[Any, Any],
+    hi: np.ndarray[Any, Any],
+    n_bars: np.ndarray[Any, Any],
+) -> _Grid:
+    """The :class:`_Grid` of slots of instrument ``inst`` reading bars ``[lo, hi)`` from step 0,
+    trading from ``start``."""
+    bar = lo + np.arange(int((hi - lo).max()))[:, None]
+    active = bar < hi
+    row = np.where(active, cols.offsets[inst] + bar, 0)
+    live = bar >= start
+    tradable = cols.tradable[row]
+    return _Grid(
+        active=active,
+        bar=bar,
+        row=row,
+        live=live,
+        closing=(bar == hi - 1) & (hi < n_bars[inst]),
+        may_trade=live & tradable & cols.orderable[row],
+        regime=regime[row],
+        tradable=tradable,
+        mid_ticks=cols.mid_ticks[row],
     )
 
 
@@ -269,6 +327,10 @@ def run_fast(
 
     ``decider`` must serve ``len(specs) * chunks`` slots (slot = instrument * chunks + span).
     ``on_step(done, total)`` reports progress.
+
+    What does not depend on the decisions (the bars each step reads, their regime scale, whether
+    they may trade, the decision log's columns) is laid out once for all steps (:class:`_Grid`);
+    a step only builds its observation rows, decides, and fills its orders.
     """
     if chunks < 1:
         raise BacktestError(f"chunks must be >= 1, got {chunks}")
@@ -286,109 +348,139 @@ def run_fast(
             slots.append((i * chunks + c, i, a if c == 0 else max(0, a - (window - 1)), a, b))
     slot_id, inst, lo, start, hi = (np.asarray(col, dtype=np.int64) for col in zip(*slots, strict=True))
     cols = _columns(bars, specs, frames)
-    offsets, feats, tradable, mid_ticks, ts_close = (
-        cols.offsets,
-        cols.features,
-        cols.tradable,
-        cols.mid_ticks,
-        cols.ts_close,
-    )
-    late_orders = 0
-    regime = np.concatenate(list(regimes))
-    tick_px = np.asarray([float(tick_fixed(s.tick_size)) for s in specs])
+    grid = _grid(cols, np.concatenate(list(regimes)), inst=inst, lo=lo, start=start, hi=hi, n_bars=n_bars)
+    tick_px = np.asarray([float(tick_fixed(s.tick_size)) for s in specs])[inst]
     fee = config.broker.fee_per_contract
     risk = RiskLimits(config.risk)
     reward_scale = config.train.reward_scale
 
     n_slots = slot_id.shape[0]
     held = PositionArrays.flat(n_slots)
-    log = DecisionLog()
-    fills = FillList.empty()
-    steps = int((hi - lo).max())
+    decisions: list[Decided] = []
+    positions: list[np.ndarray[Any, Any]] = []
+    ordered: list[np.ndarray[Any, Any]] = []
+    fill_parts: list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
+    steps = grid.bar.shape[0]
+    everyone = np.arange(n_slots)
     spent = 0.0
-    rows_decided = 0
     for step in range(steps):
-        bar_all = lo + step
-        active = np.flatnonzero(bar_all < hi)
-        bar = bar_all[active]
-        who_inst = inst[active]
-        g = offsets[who_inst] + bar
+        # every slot (most steps): views of the grid's rows, not copies
+        active: slice | np.ndarray[Any, Any] = (
+            slice(None) if grid.active[step].all() else np.flatnonzero(grid.active[step])
+        )
+        g = grid.row[step, active]
         pos = held.position[active].astype(np.int64)
         rows = observation_rows(
-            feats[g],
+            cols.features[g],
             positions=pos,
             entry_px=held.avg_price[active],
-            mid_ticks=mid_ticks[g],
-            tick_px=tick_px[who_inst],
+            mid_ticks=grid.mid_ticks[step, active],
+            tick_px=tick_px[active],
             reward_scale=reward_scale,
         )
         t0 = time.perf_counter()
-        decided = decider.decide(slot_id[active], rows, pos, regime[g], tradable[g])
-        spent += time.perf_counter() - t0
-        rows_decided += int(active.shape[0])
-        live = bar >= start[active]
-        target = risk.clamp_targets(decided.target)
-        closing = (bar == hi[active] - 1) & (hi[active] < n_bars[who_inst])
-        target = np.where(closing, 0, target)  # a span before the last one ends flat
-        trade = live & (decided.valid | closing) & tradable[g] & cols.orderable[g] & (target != pos)
-        log.add(
-            ts_ns=ts_close[g][live],
-            instrument=who_inst[live],
-            bar=bar[live],
-            decided=decided.take(live),
-            regime=regime[g][live],
-            position=pos[live],
-            ordered=trade[live],
+        decided = decider.decide(
+            slot_id[active], rows, pos, grid.regime[step, active], grid.tradable[step, active]
         )
+        spent += time.perf_counter() - t0
+        closing = grid.closing[step, active]  # a span before the last one ends flat
+        target = np.where(closing, 0, risk.clamp_targets(decided.target))
+        trade = grid.may_trade[step, active] & (decided.valid | closing) & (target != pos)
+        decisions.append(decided)
+        positions.append(pos)
+        ordered.append(trade)
         if trade.any():
-            late_orders += int(cols.late[g[trade]].sum())
-            held = _execute(
-                levels={name: v[g[trade]] for name, v in cols.exec_levels.items()},
-                qty=(target - pos)[trade].astype(np.float64),
-                slots=active[trade],
+            took = np.flatnonzero(trade)
+            who = everyone[active][took]
+            held, done, filled, price = _execute(
+                levels=cols.exec_levels[g[took]].view(LEVEL_DTYPE),
+                qty=(target - pos)[took].astype(np.float64),
+                slots=who,
                 held=held,
-                fee=fee,
                 fill_price=config.broker.fill_price,
-                out=fills,
-                instrument=who_inst[trade],
-                bar=bar[trade],
-                ts_ns=ts_close[g[trade]],
             )
+            fill_parts.append((step, who[done], filled[done], price[done]))
         if on_step is not None:
             on_step(step + 1, steps)
-    return FastRun(log, fills, spent / max(rows_decided, 1), late_orders)
+    sent = np.concatenate(ordered)
+    return FastRun(
+        _decision_log(grid, inst, cols, decisions=decisions, positions=positions, ordered=sent),
+        _fill_list(fill_parts, inst, lo, cols, fee),
+        spent / max(sent.shape[0], 1),
+        int(cols.late[grid.row[grid.active][sent]].sum()),
+    )
+
+
+def _decision_log(
+    grid: _Grid,
+    inst: np.ndarray[Any, Any],
+    cols: _Columns,
+    *,
+    decisions: Sequence[Decided],
+    positions: Sequence[np.ndarray[Any, Any]],
+    ordered: np.ndarray[Any, Any],
+) -> DecisionLog:
+    """The log of the live rows of the steps' ``decisions`` (taken at ``positions``, ``ordered``
+    concatenated), in the order decided: the grid's active cells in row-major order."""
+    live = grid.live[grid.active]
+    log = DecisionLog()
+    log.add(
+        ts_ns=cols.ts_close[grid.row[grid.active]][live],
+        instrument=inst[np.nonzero(grid.active)[1]][live],
+        bar=grid.bar[grid.active][live],
+        decided=Decided(
+            *(np.concatenate([getattr(d, f.name) for d in decisions]) for f in dataclasses.fields(Decided))
+        ).take(live),
+        regime=grid.regime[grid.active][live],
+        position=np.concatenate(positions)[live],
+        ordered=ordered[live],
+    )
+    return log
+
+
+def _fill_list(
+    parts: Sequence[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]],
+    inst: np.ndarray[Any, Any],
+    lo: np.ndarray[Any, Any],
+    cols: _Columns,
+    fee: float,
+) -> FillList:
+    """The fills of ``parts`` (step, slots, filled, price), in the order made."""
+    fills = FillList.empty()
+    if not parts:
+        return fills
+    slot = np.concatenate([p[1] for p in parts])
+    bar = lo[slot] + np.repeat([p[0] for p in parts], [p[1].shape[0] for p in parts])
+    qty = np.concatenate([p[2] for p in parts])
+    fills.instrument.extend(inst[slot].tolist())
+    fills.bar.extend(bar.tolist())
+    fills.ts_ns.extend(cols.ts_close[cols.offsets[inst[slot]] + bar].tolist())
+    fills.qty.extend(qty.tolist())
+    fills.price.extend(np.concatenate([p[3] for p in parts]).tolist())
+    fills.fee.extend(np.asarray(fees(qty, fee), dtype=np.float64).tolist())
+    return fills
 
 
 def _execute(
     *,
-    levels: dict[str, np.ndarray[Any, Any]],
+    levels: np.ndarray[Any, Any],
     qty: np.ndarray[Any, Any],
     slots: np.ndarray[Any, Any],
     held: PositionArrays,
-    fee: float,
     fill_price: FillPrice,
-    out: FillList,
-    instrument: np.ndarray[Any, Any],
-    bar: np.ndarray[Any, Any],
-    ts_ns: np.ndarray[Any, Any],
-) -> PositionArrays:
-    """Market orders of signed size ``qty`` against the books ``levels``: the paper
-    broker's book walk (IOC remainder dropped), priced by its fill rule and rounded to a
-    fixed-point unit, fees per contract. Books the fills in ``held`` (one entry per slot) and
-    appends them to ``out``."""
+) -> tuple[PositionArrays, np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Market orders of signed size ``qty`` against the books ``levels``
+    (:data:`feeds.book.LEVEL_DTYPE`, ``[orders, LEVELS]``): the paper broker's book walk (IOC
+    remainder dropped), priced by its fill rule and rounded to a fixed-point unit. Books the
+    fills in ``held`` (one entry per slot, ``slots`` the orders'); returns the new positions
+    and, per order, whether it filled, the contracts filled and the price."""
     fill = walk_book(levels["bid_px"], levels["bid_sz"], levels["ask_px"], levels["ask_sz"], qty)
     exec_px = execution_price(fill, levels["bid_px"][:, 0], levels["ask_px"][:, 0], fill_price)
     done = np.isfinite(exec_px)
     filled = np.where(done, np.asarray(fill.filled, dtype=np.float64), 0.0)
-    price = np.where(done, np.rint(np.nan_to_num(exec_px)), 0.0)
+    price = np.rint(np.where(done, exec_px, 0.0))
     qty_all = np.zeros(held.position.shape[0])
     px_all = np.zeros(held.position.shape[0])
     qty_all[slots] = filled
     px_all[slots] = price
-    out.instrument.extend(instrument[done].tolist())
-    out.bar.extend(bar[done].tolist())
-    out.ts_ns.extend(ts_ns[done].tolist())
-    out.qty.extend(filled[done].tolist())
-    out.price.extend(price[done].tolist())
-    out.fee.extend(np.asarray(fees(filled[done], fee), dtype=np.float64).tolist())
-    return apply_fills(held, qty_all, px_all)
+    return apply_fills(held, qty_all, px_all), done, filled, price
