@@ -30,6 +30,8 @@ class Portfolio:
         self._tick_value = [spec.tick_value for spec in instruments]
         self._state = PositionArrays.flat(n)
         self._fees = np.zeros(n)
+        self._realised: float | None = None
+        """:meth:`realised`, computed once per change of the books (it is read every round)."""
         self.fills = 0
 
     def index(self, instrument_id: int) -> int:
@@ -44,6 +46,7 @@ class Portfolio:
         price[i] = fill.price
         self._state = apply_fills(self._state, qty, price)
         self._fees[i] += fill.fee
+        self._realised = None
         self.fills += 1
 
     def restore(
@@ -55,6 +58,7 @@ class Portfolio:
         pos[i], avg[i], real[i] = position, avg_price, realised_px
         self._state = PositionArrays(pos, avg, real)
         self._fees[i] = fees
+        self._realised = None
 
     def position(self, instrument_id: int) -> int:
         return int(self._state.position[self._index[instrument_id]])
@@ -67,7 +71,9 @@ class Portfolio:
 
     def realised(self) -> float:
         """Realised P&L net of fees, account currency."""
-        return self._currency(self._state.realised_px) - float(self._fees.sum())
+        if self._realised is None:
+            self._realised = self._currency(self._state.realised_px) - float(self._fees.sum())
+        return self._realised
 
     def unrealised(self, marks: Mapping[int, float]) -> float:
         """Open P&L at the given marks (instrument id -> fixed-point price), account currency.
@@ -80,9 +86,11 @@ class Portfolio:
         return self._currency(unrealised(self._state, mark))
 
     def _currency(self, pnl_px: np.ndarray[Any, np.dtype[np.float64]]) -> float:
+        """The sum over instruments of :func:`to_currency` (on Python floats: the same float64
+        arithmetic without a NumPy scalar per instrument)."""
         return sum(
-            float(to_currency(pnl_px[i], tick, value))
-            for i, (tick, value) in enumerate(zip(self._tick_px, self._tick_value, strict=True))
+            float(to_currency(pnl, tick, value))
+            for pnl, tick, value in zip(pnl_px.tolist(), self._tick_px, self._tick_value, strict=True)
         )
 
     def unrealised_of(self, instrument_id: int, mark: float) -> float:

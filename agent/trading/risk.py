@@ -83,8 +83,10 @@ class RiskLimits:
         """Orders not sent because of the order-rate limit."""
 
     def clamp(self, target: int) -> int:
-        """The target position within +/- ``max_position`` contracts."""
-        return int(self.clamp_targets(np.asarray([target]))[0])
+        """The target position within +/- ``max_position`` contracts (on a Python int: one
+        decision's order, where an array call would cost more than the rest of the check)."""
+        limit = self.config.max_position
+        return max(-limit, min(limit, int(target)))
 
     def clamp_targets(self, targets: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
         """:meth:`clamp` of every target of an array (the vectorised backtest's rows)."""

@@ -34,6 +34,7 @@ the ledger and sends it the way its venue needs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,8 @@ class TradingStep:
         self.specs = list(specs)
         self.slot = {s.instrument_id: i for i, s in enumerate(self.specs)}
         self.tick_px = np.asarray([float(tick_fixed(s.tick_size)) for s in self.specs])
+        self._tick_fixed = {s.instrument_id: tick_fixed(s.tick_size) for s in self.specs}
+        """Tick per instrument id, as the Python int the record rules take (:meth:`book_ok`)."""
         self.regime = RegimeTracker(config.regime, config.policy.scale_floor, list(floors))
         self.risk = RiskLimits(config.risk)
         self.portfolio = portfolio
@@ -122,33 +125,49 @@ class TradingStep:
     def track(self, closes: Sequence[BarClose]) -> npt.NDArray[np.float64]:
         """Step 1 alone (also while no model serves, so that the trackers stay warm): the
         regime scale per close, and the marks of the tradable ones."""
-        logret = np.full(len(self.specs), np.nan)
-        slots = np.empty(len(closes), dtype=np.int64)
-        for j, close in enumerate(closes):
-            i = slots[j] = self.slot[close.instrument_id]
+        return self._track(closes, self._slots(closes))
+
+    def _slots(self, closes: Sequence[BarClose]) -> npt.NDArray[np.int64]:
+        """The instrument index of each close."""
+        return np.asarray([self.slot[c.instrument_id] for c in closes], dtype=np.int64)
+
+    def _track(self, closes: Sequence[BarClose], slots: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """:meth:`track` of ``closes`` at their instrument indices ``slots``."""
+        logret = [math.nan] * len(self.specs)
+        for i, close in zip(slots.tolist(), closes, strict=True):
             frame, r = close.frame, close.row
             if frame.tradable[r]:
                 logret[i] = float(frame.features[r, _LOGRET])
-                self.marks[close.instrument_id] = float(frame.mid_price[r]) * PRICE_SCALE
+                self.marks[frame.instrument_id] = float(frame.mid_price[r]) * PRICE_SCALE
         out: npt.NDArray[np.float64] = self.regime.update(logret)[slots]
         return out
 
     def decide(self, closes: Sequence[BarClose], decider: Decider) -> Step:
-        """Steps 1-3 for bars of distinct instruments that closed together."""
-        scale = self.track(closes)
-        slots = np.asarray([self.slot[c.instrument_id] for c in closes], dtype=np.int64)
-        ids = [c.instrument_id for c in closes]
-        positions = np.asarray([self.portfolio.position(iid) for iid in ids], dtype=np.int64)
+        """Steps 1-3 for bars of distinct instruments that closed together. The rows' inputs are
+        gathered in one pass over the closes, as Python values (a NumPy call per close costs
+        more than the values it would hold)."""
+        slots = self._slots(closes)
+        scale = self._track(closes, slots)
+        portfolio = self.portfolio
+        features = np.empty((len(closes), len(FEATURE_NAMES)), dtype=np.float32)
+        held, entry, mid, healthy = [], [], [], []
+        for j, close in enumerate(closes):
+            frame, r, iid = close.frame, close.row, close.frame.instrument_id
+            features[j] = frame.features[r]
+            held.append(portfolio.position(iid))
+            entry.append(portfolio.avg_price(iid))
+            mid.append(frame.mid_ticks[r])
+            healthy.append(bool(frame.tradable[r]))
+        positions = np.asarray(held, dtype=np.int64)
         rows = observation_rows(
-            np.stack([c.frame.features[c.row] for c in closes]),
+            features,
             positions=positions,
-            entry_px=np.asarray([self.portfolio.avg_price(iid) for iid in ids], dtype=np.float64),
-            mid_ticks=np.asarray([c.frame.mid_ticks[c.row] for c in closes], dtype=np.float64),
+            entry_px=np.asarray(entry, dtype=np.float64),
+            mid_ticks=np.asarray(mid, dtype=np.float64),
             tick_px=self.tick_px[slots],
             reward_scale=self.config.train.reward_scale,
         )
-        healthy = np.asarray([bool(c.frame.tradable[c.row]) for c in closes])
-        decided = decider.decide(slots, rows, positions, scale, healthy)
+        decided = decider.decide(slots, rows, positions, scale, np.asarray(healthy))
         return Step(slots=slots, decided=decided, regime=scale, positions=positions)
 
     def order_for(
@@ -209,7 +228,7 @@ class TradingStep:
             seq_before=0,
             bid_before=UNDEF_PRICE,
             ask_before=UNDEF_PRICE,
-            tick=self.tick_px[self.slot[iid]],
+            tick=self._tick_fixed[iid],
             config=self.config.feeds.health,
         )
         if faults:
