@@ -23,6 +23,7 @@ tradable, and no order is sent on them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -41,7 +42,7 @@ from agent.execution.ledger_rows import ledger_fills, ledger_orders
 from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Cancelled, Fill, NewOrder, Reject, Report
-from agent.trading.decider import Decider
+from agent.trading.decider import Decided, Decider
 from agent.trading.step import BarClose, TradingStep
 from feeds.config import InstrumentSpec
 from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
@@ -57,6 +58,7 @@ __all__ = ["EventDriver", "EventRun"]
 
 _LOGRET = FEATURE_NAMES.index("mid_logret")
 _RECORD = MBP10_DTYPE.itemsize
+_DECIDED = tuple(f.name for f in dataclasses.fields(Decided))
 ACCOUNT = "backtest"
 
 
@@ -115,6 +117,9 @@ class EventDriver:
         self.ledger = Ledger(database)
         self._writes: list[LedgerWrite] = []
         """Ledger writes of the batch of records being replayed (:meth:`_flush`)."""
+        self._rows: list[tuple[Any, int, int, Decided, Any, Any, bool]] = []
+        """Decision log rows of the batch (:meth:`_flush`): time, instrument, bar, decision,
+        regime, position, ordered."""
         self.database = database
         self.bars_seen = [0] * len(specs)
         self.order_bar: dict[str, tuple[int, int]] = {}
@@ -203,10 +208,23 @@ class EventDriver:
             self._reports(reports)
 
     def _flush(self) -> None:
-        """Write the batch's ledger rows in one transaction."""
+        """Write the batch's ledger rows in one transaction and add its decisions to the log
+        (one call for the batch's rows: a call per decision costs a dozen small arrays)."""
         if self._writes:
             self.ledger.record(self._writes)
             self._writes = []
+        if self._rows:
+            ts, inst, bar, decided, regime, position, ordered = zip(*self._rows, strict=True)
+            self._rows = []
+            self.run.log.add(
+                ts_ns=np.asarray(ts),
+                instrument=np.asarray(inst),
+                bar=np.asarray(bar),
+                decided=Decided(*(np.concatenate([getattr(d, f) for d in decided]) for f in _DECIDED)),
+                regime=np.asarray(regime),
+                position=np.asarray(position),
+                ordered=np.asarray(ordered),
+            )
 
     def _reports(self, reports: list[Report]) -> None:
         """Fills go to the ledger and are counted by the orders and the position."""
@@ -257,14 +275,16 @@ class EventDriver:
                 if order is not None:
                     self._send(order, i, bar)
                 self.run.latency_ns.append(time.perf_counter_ns() - t0)
-            self.run.log.add(
-                ts_ns=frame.ts_close[r],
-                instrument=i,
-                bar=bar,
-                decided=step.decided,
-                regime=step.regime[0],
-                position=step.positions[0],
-                ordered=order is not None,
+            self._rows.append(
+                (
+                    frame.ts_close[r],
+                    i,
+                    bar,
+                    step.decided,
+                    step.regime[0],
+                    step.positions[0],
+                    order is not None,
+                )
             )
             self._check_risk(now_ns)
 
