@@ -68,6 +68,7 @@ _LOGRET = FEATURE_NAMES.index("mid_logret")
 _KEYS = np.dtype([("instrument_id", "<u4"), ("ts_recv", "<u8")])
 _CHUNK_RECORDS = 1 << 16
 """:func:`load_bars` decodes this many records at a time (24 MiB)."""
+_DECIDED = dataclasses.fields(Decided)
 
 
 @dataclass(frozen=True)
@@ -386,7 +387,8 @@ def run_fast(
         closing = grid.closing[step, active]  # a span before the last one ends flat
         target = np.where(closing, 0, risk.clamp_targets(decided.target))
         trade = grid.may_trade[step, active] & (decided.valid | closing) & (target != pos)
-        decisions.append(decided)
+        # copies, not the decider's arrays: it may reuse its buffers at the next step
+        decisions.append(Decided(*(np.array(getattr(decided, f.name)) for f in _DECIDED)))
         positions.append(pos)
         ordered.append(trade)
         if trade.any():
@@ -428,9 +430,9 @@ def _decision_log(
         ts_ns=cols.ts_close[grid.row[grid.active]][live],
         instrument=inst[np.nonzero(grid.active)[1]][live],
         bar=grid.bar[grid.active][live],
-        decided=Decided(
-            *(np.concatenate([getattr(d, f.name) for d in decisions]) for f in dataclasses.fields(Decided))
-        ).take(live),
+        decided=Decided(*(np.concatenate([getattr(d, f.name) for d in decisions]) for f in _DECIDED)).take(
+            live
+        ),
         regime=grid.regime[grid.active][live],
         position=np.concatenate(positions)[live],
         ordered=ordered[live],
