@@ -288,16 +288,17 @@ class Intake(Component):
     async def _next_run(self, inbox: collections.deque[SourceEvent], intake: asyncio.Task[None]) -> int:
         """How many events at the head of ``inbox`` form the next run.
 
-        The intake moves one queued event per pass of the loop: the run waits while passes
-        bring more (one transport read holds many messages), up to :data:`INTAKE_BATCHES`
-        events, or until the inbox holds a batch closing the bar of every instrument. Once a
-        batch that closes a bar is seen, the run waits only for the batches received before
-        that moment (already taken from the transport): the first batch received after it ends
-        the wait, so that no bar's decision waits for records still to come (those of other
-        instruments whose bars close later are decided in the next round). A run that closes
-        bars ends with the last batch that closes one: the batches behind it wait for the next
-        run, processed once the decision task took the bars (one batched decision for the
-        instruments whose bars closed together). Where a run ends never changes the bars."""
+        The intake moves every event the source has ready per pass of the loop (what one
+        transport read delivered, :meth:`~feeds.sources.Source.next_events`): the run waits
+        while passes bring more, up to :data:`INTAKE_BATCHES` events, or until the inbox holds
+        a batch closing the bar of every instrument. Once a batch that closes a bar is seen,
+        the run waits only for the batches received before that moment (already taken from
+        the transport): the first batch received after it ends the wait, so that no bar's
+        decision waits for records still to come (those of other instruments whose bars close
+        later are decided in the next round). A run that closes bars ends with the last batch
+        that closes one: the batches behind it wait for the next run, processed once the
+        decision task took the bars (one batched decision for the instruments whose bars
+        closed together). Where a run ends never changes the bars."""
         pending: collections.Counter[int] = collections.Counter()
         closed: set[int] = set()
         scanned = closing = seen_ns = 0
@@ -385,10 +386,10 @@ def closing_arrivals(
 
 
 async def _inbox(source: Source, inbox: collections.deque[SourceEvent], ready: asyncio.Event) -> None:
-    """Move the source's events into ``inbox`` (see :meth:`Intake._live`)."""
+    """Move the source's events into ``inbox``, all those ready at once (see :meth:`Intake._live`)."""
     try:
-        async for event in source:
-            inbox.append(event)
+        while events := await source.next_events():
+            inbox.extend(events)
             ready.set()
     finally:
         ready.set()

@@ -12,9 +12,12 @@ Modes (``SourceConfig.nats_mode``):
     A pull consumer on the stream (``SourceConfig.stream``, created if missing), filtered on the
     configured subjects, acknowledging with ``AckPolicy.ALL``. One pull request for up to
     ``fetch_batch`` messages is kept open at a time and its messages are taken as they arrive (a
-    callback on this source's own inbox), the next request going out as soon as the last one is
-    served or ends: at real-time pace a request carries many messages, where a plain ``fetch``
-    costs a no-wait probe, a waiting request and a status message per message. With a ``durable``
+    callback on this source's own inbox; the messages of one transport read together, their
+    payloads checked as one buffer), the next request going out as soon as the last one is
+    served or ends, with the acknowledgement of what the last one brought (``ack="receipt"``)
+    in the same socket write: at real-time pace a request carries many messages, where a plain
+    ``fetch`` costs a no-wait probe, a waiting request and a status message per message, and
+    an acknowledgement per read would cost a write per read. With a ``durable``
     name it resumes where it stopped (and a new durable starts at the beginning of the stream);
     without one it is an ephemeral consumer that starts with new messages. Redeliveries are
     recognised by stream sequence and skipped (``counters.duplicates``): processing is idempotent.
@@ -68,6 +71,7 @@ from typing import Literal, cast
 
 import nats.errors
 import nats.js.errors
+import numpy as np
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
@@ -79,7 +83,7 @@ from feeds.errors import FeedError
 from feeds.sources.base import QueuedSource
 from feeds.sources.events import HealthEvent, HealthKind
 from feeds.sources.nats_session import MULTI_FILTER_VERSION, NatsSession, NatsUnavailable
-from feeds.sources.nats_wire import SequenceTracker, parse_tags
+from feeds.sources.nats_wire import SequenceTracker, parse_tags, stream_sequence, whole_records
 from feeds.sources.subjects import SUBJECT_ROOT, SubjectFilter, dataset_subjects, subject_dataset
 
 __all__ = ["NatsSource", "consumer_filter"]
@@ -108,8 +112,9 @@ def consumer_filter(config: ConsumerConfig) -> tuple[str, ...]:
 class NatsSource(QueuedSource):
     """MBP-10 records from NATS (see the module docstring for the modes).
 
-    ``ack="receipt"`` acknowledges what arrived once its records are queued, whenever the inbox
-    has no more messages waiting (a daemon);
+    ``ack="receipt"`` acknowledges what a pull request brought once its records are queued, with
+    the next request (a daemon: at most ``fetch_batch`` messages, or a request's expiry, are
+    unacknowledged, and redelivered to the next process if this one dies);
     ``ack="manual"`` leaves it to the consumer, which calls :meth:`ack_through` once the records
     are safe (the recorder, after its file flush).
     """
@@ -166,6 +171,9 @@ class NatsSource(QueuedSource):
         self._resubscribe = False
         self._outage: tuple[int, int] | None = None
         self._unacked: collections.deque[tuple[int, Msg]] = collections.deque()
+        self._arrived: list[Msg] = []
+        """Stream messages received and not taken in yet (the rest of their read is coming,
+        within the same step of the subscription task)."""
         self._server_filter: tuple[str, ...] = ()
         """The consumer's filter as the server answered when it was last bound."""
         self._explaining: set[asyncio.Task[None]] = set()
@@ -302,13 +310,19 @@ class NatsSource(QueuedSource):
     async def _pull_loop(self) -> None:
         """Keep one pull request open: ask for as many messages as the queue has room for (at
         most ``fetch_batch``), then wait until they have all arrived, the request expired or the
-        consumer was re-bound (:meth:`_on_pull_msg` says so)."""
+        consumer was re-bound (:meth:`_on_pull_msg` says so). With ``ack="receipt"`` what the
+        request brought is acknowledged (one acknowledgement, of its last message) right
+        before the next request goes out: both leave in one socket write."""
         try:
             while True:
                 if self._resubscribe:
                     self._resubscribe = False
                     await self._bind_consumer()
                     self._report_reconnected()
+                if self._ack == "receipt" and self._unacked:
+                    last = self._unacked[-1][1]
+                    self._unacked.clear()
+                    await self._ack_msg(last)
                 await self._wait_for_room()
                 sub = self._inbox_sub
                 assert sub is not None
@@ -341,40 +355,43 @@ class NatsSource(QueuedSource):
             self._finish(FeedError(f"{self.name}: pull loop failed: {exc!r}"))
 
     async def _on_pull_msg(self, msg: Msg) -> None:
-        """A message on the inbox: a stream message (taken in; acknowledged with what arrived
-        before it once nothing more waits), or a status that ends the request (408: expired,
-        409: the server ended it) or only keeps it alive (100: heartbeat)."""
+        """A message on the inbox: a stream message, or a status that ends the request (408:
+        expired, 409: the server ended it) or only keeps it alive (100: heartbeat). Stream
+        messages are held until the inbox has none waiting (the rest of one transport read),
+        then taken in together (:meth:`_take_arrived`). nats-py calls this for every message
+        waiting in one step of its subscription task (this never suspends), so nothing is held
+        when another task runs."""
         try:
             status = JetStreamContext.is_status_msg(msg)
-            if status is not None:
-                if status != _HEARTBEAT:
-                    self._request_over.set()
-                return
-            self._take_js(msg)
-            self._served += 1
-            sub = self._inbox_sub
-            if self._ack == "receipt" and self._unacked and (sub is None or sub.pending_msgs == 0):
-                last = self._unacked[-1][1]
-                self._unacked.clear()
-                await self._ack_msg(last)
-            if self._served >= self._asked:
+            if status is None:
+                self._arrived.append(msg)
+                self._served += 1
+                sub = self._inbox_sub
+                if sub is not None and sub.pending_msgs:
+                    return
+            self._take_arrived()
+            if (status is not None and status != _HEARTBEAT) or self._served >= self._asked:
                 self._request_over.set()
         except Exception as exc:
             log.exception("%s: taking a JetStream message failed", self.name)
             self._finish(FeedError(f"{self.name}: taking a JetStream message failed: {exc!r}"))
 
-    def _take_js(self, msg: Msg) -> None:
-        try:
-            seq = msg.metadata.sequence.stream
-        except nats.errors.Error:
-            seq = None
-        if seq is not None:
-            self._unacked.append((seq, msg))
-            if seq <= self.last_stream_seq:
-                self.counters.duplicates += 1
-                return
-            self.last_stream_seq = seq
-        self._take(msg.subject, msg.data, msg.headers, seq)
+    def _take_arrived(self) -> None:
+        """Take in the stream messages held (:meth:`_on_pull_msg`), in order; redeliveries of
+        what was taken in already are skipped by stream sequence."""
+        arrived, self._arrived = self._arrived, []
+        if not arrived:
+            return
+        decoded = whole_records([msg.data for msg in arrived])
+        for msg, records in zip(arrived, decoded, strict=True):
+            seq = stream_sequence(msg.reply)
+            if seq is not None:
+                self._unacked.append((seq, msg))
+                if seq <= self.last_stream_seq:
+                    self.counters.duplicates += 1
+                    continue
+                self.last_stream_seq = seq
+            self._take(msg.subject, msg.data, msg.headers, seq, records)
 
     async def ack_through(self, stream_seq: int) -> None:
         """Acknowledge every received message up to ``stream_seq`` (``ack="manual"``)."""
@@ -394,11 +411,21 @@ class NatsSource(QueuedSource):
     # ----------------------------------------------------------------- core subscriptions
 
     async def _on_core_msg(self, msg: Msg) -> None:
-        self._take(msg.subject, msg.data, msg.headers, None)
+        self._take(msg.subject, msg.data, msg.headers, None, whole_records([msg.data])[0])
 
     # ----------------------------------------------------------------- shared
 
-    def _take(self, subject: str, data: bytes, headers: Mapping[str, str] | None, seq: int | None) -> None:
+    def _take(
+        self,
+        subject: str,
+        data: bytes,
+        headers: Mapping[str, str] | None,
+        seq: int | None,
+        records: np.ndarray | None,
+    ) -> None:
+        """One message: checked (subject, relay sequence) and its records queued: ``records``
+        when it is whole MBP-10 records (:func:`whole_records`), else what the decoder makes of
+        it (a rejection, counted and reported, or the MBP-10 records among other types)."""
         counters = self.counters
         counters.messages += 1
         counters.bytes += len(data)
@@ -413,6 +440,9 @@ class NatsSource(QueuedSource):
             return
         if missing:
             self._report_gap(subject, missing)
+        if records is not None:
+            self._emit_records(records, seq, tags.part)
+            return
         decoder = self._decoder
         rejected_before = decoder.counters.rejected_chunks
         records = decoder.feed(data)

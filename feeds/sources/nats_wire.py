@@ -20,6 +20,9 @@ Headers set by ``tradeagent relay`` (optional for other publishers; a consumer c
 ``Nats-Msg-Id``
     ``<relay>.<subject>.<seq>``: JetStream drops a republished duplicate (the relay retries a
     publish whose acknowledgement timed out).
+
+A message JetStream delivers carries its stream sequence in its reply (acknowledgement) subject
+(:func:`stream_sequence`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from feeds.dbn import record_bytes
+from feeds.dbn.framing import MBP10_SIZE, mbp10_header_ok
+from feeds.records import MBP10_DTYPE
 from feeds.sources.events import BatchPart
 from feeds.sources.subjects import subject_for
 
@@ -43,6 +48,8 @@ __all__ = [
     "WireMessage",
     "WireTags",
     "parse_tags",
+    "stream_sequence",
+    "whole_records",
 ]
 
 HEADER_RELAY = "Md-Relay"
@@ -91,6 +98,50 @@ def parse_tags(headers: Mapping[str, str] | None) -> WireTags:
     if relay is not None and number is not None and count is not None and count >= 1:
         part = BatchPart(relay, number, count)
     return WireTags(relay, _int_or_none(headers.get(HEADER_SEQ)), part)
+
+
+_ACK_TOKENS_V1 = 9
+"""``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>``"""
+_ACK_TOKENS_V2 = 11
+"""``$JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<stream seq>...`` (11 or 12)"""
+
+
+def stream_sequence(reply: str | None) -> int | None:
+    """The JetStream stream sequence of a message delivered with acknowledgement subject
+    ``reply`` (either form of ``$JS.ACK...``); ``None`` for anything else. What
+    ``Msg.metadata.sequence.stream`` gives, without building the rest of the metadata."""
+    if not reply or not reply.startswith("$JS.ACK."):
+        return None
+    tokens = reply.split(".")
+    if len(tokens) == _ACK_TOKENS_V1:
+        token = tokens[5]
+    elif len(tokens) >= _ACK_TOKENS_V2:
+        token = tokens[7]
+    else:
+        return None
+    return int(token) if token.isdecimal() else None
+
+
+def whole_records(payloads: list[bytes]) -> list[np.ndarray | None]:
+    """Per payload, its records when it is whole MBP-10 records (the usual message), else
+    ``None`` (for :class:`feeds.dbn.StreamDecoder` to decode or reject). The payloads of
+    messages received together are checked as one buffer: one header check for all of them
+    instead of a decoder call each. The records are read-only views of that buffer."""
+    whole = [p for p in payloads if p and len(p) % MBP10_SIZE == 0]
+    out: list[np.ndarray | None] = [None] * len(payloads)
+    if not whole:
+        return out
+    records = np.frombuffer(whole[0] if len(whole) == 1 else b"".join(whole), dtype=MBP10_DTYPE)
+    bad = np.flatnonzero(~mbp10_header_ok(records))
+    start = 0
+    for k, payload in enumerate(payloads):
+        if not payload or len(payload) % MBP10_SIZE:
+            continue
+        end = start + len(payload) // MBP10_SIZE
+        if not bad.size or not ((bad >= start) & (bad < end)).any():
+            out[k] = records[start:end]
+        start = end
+    return out
 
 
 class MessageEncoder:

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nats.aio.msg import Msg
 
 import feeds.sources
 from feeds.dbn import StreamDecoder, read_mbp10
+from feeds.dbn.framing import MBP10_SIZE
 from feeds.errors import DBNFormatError, FeedError
 from feeds.sources import (
     HealthEvent,
@@ -27,7 +29,14 @@ from feeds.sources import (
     subject_for,
     subject_token,
 )
-from feeds.sources.nats_wire import MessageEncoder, SequenceTracker, WireTags, parse_tags
+from feeds.sources.nats_wire import (
+    MessageEncoder,
+    SequenceTracker,
+    WireTags,
+    parse_tags,
+    stream_sequence,
+    whole_records,
+)
 from feeds.sources.thread_bridge import ThreadBridge
 from tests.support.feed_data import SYMBOLS, feed_records, sorted_by_key, write_feed
 from tests.support.wait import wait_until_async
@@ -157,6 +166,27 @@ async def test_queued_source_raises_the_producer_error_as_feed_error() -> None:
     await source.stop()
 
 
+async def test_queued_source_hands_over_every_ready_event_at_once_and_the_end_after_them() -> None:
+    source = _PushSource("push", max_batches=8, stale_after_s=60)
+    await source.start()
+    records = feed_records(3)
+    source._emit_records(records[:2])
+    source._emit_health(HealthEvent(HealthKind.GAP, 1))
+    source._emit_records(records[2:])
+    source._finish(FeedError("session lost"))
+    ready = await source.next_events()
+    assert [type(e).__name__ if isinstance(e, RecordBatch) else e.kind for e in ready] == [
+        "RecordBatch",
+        HealthKind.GAP,
+        "RecordBatch",
+    ]
+    assert source._queued_batches == 0
+    with pytest.raises(FeedError, match="session lost"):
+        await source.next_events()
+    await source.stop()
+    assert await source.next_events() == []
+
+
 async def test_thread_bridge_batches_records_from_another_thread_and_counts_drops() -> None:
     loop = asyncio.get_running_loop()
     drained: list[tuple[bytes, int, int]] = []
@@ -228,6 +258,32 @@ def test_sequence_tracker_measures_gaps_and_repeats() -> None:
     assert parse_tags({"Md-Seq": "x", "Md-Batch": "3/zero"}) == WireTags(None, None, None)
 
 
+def test_payloads_received_together_are_checked_as_one_buffer_and_bad_ones_left_to_the_decoder() -> None:
+    records = feed_records(6)
+    wrong_rtype = records[:1].copy()
+    wrong_rtype["rtype"] = 0x77
+    payloads = [
+        records[:3].tobytes(),
+        b"",
+        b"not DBN",
+        records[3:5].tobytes() + wrong_rtype.tobytes(),
+        records[5:].tobytes(),
+    ]
+    got = whole_records(payloads)
+    assert [g is None for g in got] == [False, True, True, True, False]
+    assert got[0] is not None and got[0].tobytes() == payloads[0]
+    assert got[4] is not None and got[4].tobytes() == payloads[4]
+    assert whole_records([b"x" * 7]) == [None]
+
+
+def test_stream_sequence_reads_both_forms_of_the_acknowledgement_subject() -> None:
+    assert stream_sequence("$JS.ACK.MBP10.daemon.1.42.7.1700000000000000000.3") == 42
+    assert stream_sequence("$JS.ACK.hub.ACCOUNT.MBP10.daemon.2.43.8.1700000000000000000.0.tok") == 43
+    assert stream_sequence("$JS.ACK._.ACCOUNT.MBP10.daemon.2.44.8.1700000000000000000.0") == 44
+    for reply in (None, "", "_INBOX.abc", "$JS.ACK.MBP10.daemon", "$JS.ACK.MBP10.d.1.x.7.1700.3"):
+        assert stream_sequence(reply) is None
+
+
 def test_read_back_helper_agrees_with_the_writer(tmp_path: Path) -> None:
     records = feed_records(100)
     assert read_mbp10(write_feed(tmp_path / "f.dbn", records)).tobytes() == records.tobytes()
@@ -250,11 +306,21 @@ def test_nats_message_boundary_never_raises_and_counts_every_bad_message(
         data[index] = value
     payload = bytes(data[:cut]) + junk
     source = NatsSource(url="nats://127.0.0.1:1", dataset="GLBX.MDP3")  # never started: no I/O
-    source._take("md.mbp10.GLBX-MDP3.ES", payload, {"Md-Seq": "x", "Md-Batch": junk.hex()}, None)
+    # Received together with a good message on either side (one transport read).
+    subject, headers = "md.mbp10.GLBX-MDP3.ES", {"Md-Seq": "x", "Md-Batch": junk.hex()}
+    before, after = _FUZZ_BASE[:MBP10_SIZE], _FUZZ_BASE[MBP10_SIZE:]
+    source._arrived = [
+        Msg(None, subject=subject, reply=f"$JS.ACK.MBP10.d.1.{seq}.{seq}.1.0", data=body, headers=headers)  # type: ignore[arg-type]
+        for seq, body in ((1, before), (2, payload), (3, after))
+    ]
+    source._take_arrived()
     counters = source.counters
-    assert counters.messages == 1
+    assert counters.messages == 3
     queued = [item for item in source._items if isinstance(item, RecordBatch)]
-    assert counters.rejected_messages + len(queued) <= 1
+    assert counters.rejected_messages + len(queued) <= 3
+    assert queued[0].records.tobytes() == before
+    assert queued[-1].records.tobytes() == after
+    assert [b.transport_seq for b in queued] in ([1, 3], [1, 2, 3])
     if counters.rejected_messages:
         assert counters.rejected_bytes == len(payload)
         assert [e.kind for e in source._items if isinstance(e, HealthEvent)] == [HealthKind.REJECTED]

@@ -136,6 +136,35 @@ async def test_durable_consumer_reads_the_stream_from_the_start(
         same_feed(sink.records, records)
 
 
+async def test_a_receipt_acknowledging_durable_acknowledges_all_it_took_and_resumes_after_it(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    records = feed_records(2000)
+    half = len(records) // 2
+    await relay_file(nats_server, write_feed(tmp_path / "first.dbn", records[:half]))
+    observer = NatsSession(nats_server.url, "test-observer")
+    await observer.connect()
+    try:
+        async with Collector(nats_source(nats_server, durable="daemon", fetch_batch=16)) as sink:
+            await sink.until(lambda c: len(c.records) >= half)
+            last = sink.source.last_stream_seq
+            # Acknowledged with the next pull request: once the open one is served or expires.
+            for _ in range(int(WAIT_S / 0.05)):
+                info = await observer.js.consumer_info(STREAM, "daemon")
+                if info.ack_floor is not None and info.ack_floor.stream_seq == last:
+                    break
+                await asyncio.sleep(0.05)
+            assert info.ack_floor is not None and info.ack_floor.stream_seq == last
+            assert info.num_ack_pending == 0
+        await relay_file(nats_server, write_feed(tmp_path / "second.dbn", records[half:]))
+        async with Collector(nats_source(nats_server, durable="daemon")) as sink:
+            await sink.until(lambda c: len(c.records) >= len(records) - half)
+            same_feed(sink.records, records[half:])
+            assert sink.source.counters.duplicates == 0
+    finally:
+        await observer.close()
+
+
 @pytest.mark.parametrize("mode", ["jetstream", "core"])
 async def test_messages_that_are_not_mbp10_dbn_are_counted_and_rejected(
     nats_server: NatsServer, mode: str
