@@ -136,3 +136,27 @@ def test_quiet_batches_leave_each_book_at_its_instruments_last_record() -> None:
     broker.submit(NewOrder(client_order_id="nq", instrument_id=nq, side="buy", qty=1, ts_ns=3 * MS))
     fills = [r for r in broker.advance(5 * MS) if isinstance(r, Fill)]
     assert {f.client_order_id: f.price for f in fills} == {"es": px(2), "nq": px(7)}
+
+
+def test_orders_of_two_instruments_in_one_batch_beside_one_never_seen() -> None:
+    nq, cl = 1002, 1003
+    broker = PaperBroker(BrokerConfig(latency_ms=1.0, fee_per_contract=0.0), [ES, nq, cl])
+    first = np.concatenate(
+        [record(ES, 1 * MS, [(px(-1), 1)], [(px(1), 1)]), record(nq, 1 * MS, [(px(-1), 1)], [(px(5), 1)])]
+    )
+    assert broker.on_records(first) == []
+    for coid, inst in (("es", ES), ("nq", nq), ("cl", cl)):
+        broker.submit(NewOrder(client_order_id=coid, instrument_id=inst, side="buy", qty=1, ts_ns=1 * MS))
+    # Each order arrives at 2 ms and executes on its instrument's first record after that,
+    # against the book before it: NQ's of 2 ms, ES's of 1 ms. CL never traded: no book.
+    later = np.concatenate(
+        [
+            record(nq, 2 * MS, [(px(-1), 1)], [(px(6), 1)]),
+            record(ES, 3 * MS, [(px(-1), 1)], [(px(2), 1)]),
+            record(nq, 3 * MS, [(px(-1), 1)], [(px(7), 1)]),
+        ]
+    )
+    fills = [r for r in broker.on_records(later) if isinstance(r, Fill)]
+    assert {f.client_order_id: f.price for f in fills} == {"es": px(1), "nq": px(6)}
+    closed = [r for r in broker.advance(5 * MS) if isinstance(r, Cancelled)]
+    assert [(c.client_order_id, c.reason) for c in closed] == [("cl", "no book yet")]

@@ -8,7 +8,7 @@ from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Ack, Cancelled, Fill, Reject
 from feeds.config import InstrumentSpec
-from tests.execution.books import px
+from tests.execution.books import TICK, px
 
 ES = InstrumentSpec(symbol="ES", instrument_id=1001, tick_size=0.25, tick_value=12.5)
 NQ = InstrumentSpec(symbol="NQ", instrument_id=1002, tick_size=0.25, tick_value=5.0)
@@ -57,3 +57,16 @@ def test_portfolio_books_fills_with_the_shared_ledger_maths() -> None:
     # Short 1 from +4 ticks, marked at +2 ticks: +2 ticks of profit.
     assert book.unrealised({ES.instrument_id: px(2)}) == pytest.approx(25.0)
     assert book.unrealised_of(ES.instrument_id, px(2)) == pytest.approx(25.0)
+
+
+def test_portfolio_realised_follows_every_fill_and_restore() -> None:
+    """The realised P&L is read every decision round and computed once per change of the books:
+    a fill or a restore after a read must show in the next read."""
+    book = Portfolio([ES, NQ])
+    assert book.realised() == 0.0
+    book.apply(_fill(1, "a", "buy", 2, px(0), leaves=0, fee=2.0))
+    assert book.realised() == pytest.approx(-2.0)
+    book.apply(_fill(2, "b", "sell", 2, px(4), leaves=0, fee=2.0))
+    assert book.realised() == pytest.approx(2 * 4 * 12.5 - 4.0)
+    book.restore(NQ.instrument_id, 1, float(px(0)), float(TICK), 1.0)  # +1 tick realised, 1.0 fees
+    assert book.realised() == pytest.approx(2 * 4 * 12.5 - 4.0 + 5.0 - 1.0)
