@@ -387,8 +387,7 @@ def run_fast(
         closing = grid.closing[step, active]  # a span before the last one ends flat
         target = np.where(closing, 0, risk.clamp_targets(decided.target))
         trade = grid.may_trade[step, active] & (decided.valid | closing) & (target != pos)
-        # copies, not the decider's arrays: it may reuse its buffers at the next step
-        decisions.append(Decided(*(np.array(getattr(decided, f.name)) for f in _DECIDED)))
+        decisions.append(decided)  # the caller's arrays (the Decider contract): kept as they are
         positions.append(pos)
         ordered.append(trade)
         if trade.any():

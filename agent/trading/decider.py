@@ -68,7 +68,9 @@ class Decided:
 
 
 class Decider(Protocol):
-    """The policy a trading step consults: one call per batch of bars (distinct slots)."""
+    """The policy a trading step consults: one call per batch of bars (distinct slots). The
+    arrays of a returned :class:`Decided` are the caller's: no later call writes them, and none
+    is an input array handed back (the drivers keep a run's decisions and log them at once)."""
 
     def decide(
         self,
@@ -217,7 +219,7 @@ class BaselineDecider:
             u = self._uniforms(slots[random])
             action[random] = np.minimum((u * 3.0).astype(np.int32), 2)
         self._steps[slots] += np.uint64(1)
-        valid = np.asarray(healthy, dtype=bool)
+        valid = np.array(healthy, dtype=bool)  # a copy: the caller's array stays its own
         target = np.where(valid, (action - 1) * self.max_contracts, positions).astype(np.int32)
         size = np.where(valid & (action != 1), 1.0, 0.0)
         return Decided(action, target, valid, size, size.copy())
