@@ -108,51 +108,61 @@ def load_bars(
     the ``[feeds]`` bar clock and health rules, and the book each bar's order meets after
     ``latency_ms``.
 
-    The file is decoded once, in chunks in feed order (as the replay source yields them): each
-    chunk goes through the vectorised features (:class:`feeds.features.FeatureStream`, the same
-    bars as :func:`feeds.features.compute_all` over the whole array) as it is decoded, and is
-    kept for the books the orders meet. No whole-window array is assembled: a copy of every
-    record would cost as much as the decoding (a counting pass and a copy, ~0.4 s a million)."""
+    The file is decoded in chunks in feed order (as the replay source yields them), twice: the
+    first pass feeds each chunk to the vectorised features (:class:`feeds.features.FeatureStream`,
+    the same bars as :func:`feeds.features.compute_all` over the whole array) and keeps only what
+    the order schedule reads of every record (instrument and time, 12 bytes); the second gathers
+    the levels of the records the orders meet. No chunk outlives its pass: the peak is one chunk
+    and the bars, where keeping the records (368 bytes each) for the books cost more memory than
+    the second decode costs time."""
     stream = FeatureStream(specs, feeds.bars, feeds.health)
-    chunks: list[np.ndarray[Any, Any]] = []
+    parts: list[np.ndarray[Any, Any]] = []
     for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns):
         stream.push(chunk)
-        chunks.append(chunk)
-    if not chunks:
+        part = np.empty(len(chunk), _KEYS)
+        for name in _KEYS.names or ():
+            part[name] = chunk[name]
+        parts.append(part)
+    if not parts:
         raise BacktestError(f"{path}: no MBP-10 records between the selected dates")
     result = stream.result()
     empty = [s.symbol for s in specs if len(result.frames[s.symbol]) == 0]
     if empty:
         raise BacktestError(f"{path}: no bars for {', '.join(empty)} in the selected dates")
-    first = np.cumsum([0, *(len(c) for c in chunks)])
-    keys = np.empty(int(first[-1]), _KEYS)  # what order_schedule reads of every record
-    for name in _KEYS.names or ():
-        np.concatenate([c[name] for c in chunks], out=keys[name])
-    books = {}
-    for s in specs:
-        schedule = order_schedule(keys, s.instrument_id, result.frames[s.symbol].close_index, latency_ms)
-        books[s.symbol] = MetBooks(levels=_levels_at(chunks, first, schedule.rows), late=schedule.late)
+    keys = np.concatenate(parts)
+    del parts
+    schedules = [
+        order_schedule(keys, s.instrument_id, result.frames[s.symbol].close_index, latency_ms) for s in specs
+    ]
+    levels = _levels_at(path, start_ns, end_ns, [sch.rows for sch in schedules])
     return BarSet(
         frames=result.frames,
-        books=books,
+        books={
+            s.symbol: MetBooks(levels=lv, late=sch.late)
+            for s, sch, lv in zip(specs, schedules, levels, strict=True)
+        },
         latency_ms=latency_ms,
-        n_records=int(first[-1]),
+        n_records=int(keys.shape[0]),
         rejected_records=result.rejected_records,
         health_episodes={k: len(m.episodes) for k, m in result.monitors.items()},
     )
 
 
 def _levels_at(
-    chunks: Sequence[np.ndarray[Any, Any]], first: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
-) -> np.ndarray[Any, Any]:
-    """The book levels (:data:`feeds.book.LEVEL_DTYPE`, ``[len(rows), LEVELS]``) of the records at
-    ``rows`` of the feed cut into ``chunks`` (chunk ``c`` starts at record ``first[c]``)."""
-    out = np.empty((rows.shape[0], LEVELS), LEVEL_DTYPE)
-    words = _words(out)
-    chunk_of = np.searchsorted(first, rows, side="right") - 1
-    for c in np.unique(chunk_of).tolist():
-        at = np.flatnonzero(chunk_of == c)
-        words[at] = _words(levels_at(chunks[c], rows[at] - first[c]))
+    path: str | Path, start_ns: int, end_ns: int, rows: Sequence[np.ndarray[Any, Any]]
+) -> list[np.ndarray[Any, Any]]:
+    """For each ascending array of record indices in ``rows`` (of the records of ``path`` in
+    ``[start_ns, end_ns)``, in feed order), the book levels of those records
+    (:data:`feeds.book.LEVEL_DTYPE`, ``[len, LEVELS]``), gathered in one decoding pass."""
+    out = [np.empty((r.shape[0], LEVELS), LEVEL_DTYPE) for r in rows]
+    first = 0
+    for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns):
+        end = first + len(chunk)
+        for r, o in zip(rows, out, strict=True):
+            lo, hi = np.searchsorted(r, (first, end)).tolist()
+            if hi > lo:
+                _words(o[lo:hi])[...] = _words(levels_at(chunk, r[lo:hi] - first))
+        first = end
     return out
 
 
