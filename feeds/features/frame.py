@@ -75,11 +75,6 @@ class BarFrame:
         arrays = {name: np.concatenate([getattr(fr, name) for fr in frames]) for name in _ARRAYS}
         return cls(instrument_id=first.instrument_id, symbol=first.symbol, **arrays)
 
-    def rows(self, part: slice) -> BarFrame:
-        """The bars ``part`` of this frame, as a frame of views."""
-        arrays = {name: getattr(self, name)[part] for name in _ARRAYS}
-        return BarFrame(instrument_id=self.instrument_id, symbol=self.symbol, **arrays)
-
 
 _ARRAYS = tuple(f.name for f in dataclasses.fields(BarFrame) if f.name not in ("instrument_id", "symbol"))
 """The fields of :class:`BarFrame` that hold one value per bar."""

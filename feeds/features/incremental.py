@@ -8,6 +8,7 @@ that one call closes go through :func:`feeds.features.frame.bar_frames` together
 
 from __future__ import annotations
 
+import bisect
 import collections
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
@@ -148,10 +149,8 @@ class IncrementalBars:
         self._end_sizes: tuple[int, ...] = (0,) * 2 * LEVELS  # at the previous bar's last record
         self._net_taken: np.ndarray = np.zeros(LEVELS, np.int64)  # bid - ask sizes, last bar taken
         self._closed: list[tuple[int, ...]] = []  # bars closed and not taken yet
-        # the record book() shows instead of the last one while a batch's runs are handed out
-        # (IncrementalFeatures.closing_runs: show, show_last)
-        self._showing = False
-        self._shown: tuple[Any, ...] | None = None
+        # while a batch's runs are handed out (IncrementalFeatures.closing_runs: show, show_last)
+        self._shown: _Shown | None = None
         self._open_bar()
 
     def _open_bar(self) -> None:
@@ -185,17 +184,17 @@ class IncrementalBars:
     @property
     def book_record(self) -> tuple[Any, ...] | None:
         """The record :meth:`book` shows, unpacked (``None`` before any record)."""
-        return self._shown if self._showing else self._last
+        shown = self._shown
+        return self._last if shown is None else shown.record()
 
-    def show(self, record: tuple[Any, ...] | None) -> None:
-        """Let :meth:`book` show ``record`` (an earlier record, unpacked) until :meth:`show_last`."""
-        self._shown = record
-        self._showing = True
+    def show(self, shown: _Shown) -> None:
+        """Let :meth:`book` show the record that ``shown`` points at (an earlier record) until
+        :meth:`show_last`."""
+        self._shown = shown
 
     def show_last(self) -> None:
         """Let :meth:`book` show the last record pushed again."""
         self._shown = None
-        self._showing = False
 
     def push(self, record: bytes | bytearray | memoryview) -> BarFrame | None:
         """Add one raw MBP-10 record of this instrument; return the bars it closes (or ``None``).
@@ -463,10 +462,14 @@ class IncrementalBars:
                 self._open_bar()
 
 
-def _take_frames(builders: Sequence[IncrementalBars]) -> list[BarFrame]:
+def _take_frames(
+    builders: Sequence[IncrementalBars], parts: Sequence[tuple[InstrumentSpec, int]] | None = None
+) -> list[BarFrame]:
     """The frames of the bars that ``builders`` closed since they were last taken
-    (:attr:`IncrementalBars.closed`), one per builder that closed any, computed together
-    (NumPy's per-call costs paid once per batch)."""
+    (:attr:`IncrementalBars.closed`), computed together (NumPy's per-call costs paid once per
+    batch): one frame per builder that closed any, or one per part of ``parts`` (the closing
+    builders' bars in order, each builder's split in runs: an instrument and its number of
+    bars)."""
     closing = [b for b in builders if b.closed]
     if not closing:
         return []
@@ -503,7 +506,28 @@ def _take_frames(builders: Sequence[IncrementalBars]) -> list[BarFrame]:
         tradable=rows[:, _P["tradable"]] != 0,
         tick=ticks[0] if len(ticks) == 1 else np.repeat(ticks, counts),
     )
-    return bar_frames([(b.spec, count) for b, count in zip(closing, counts, strict=True)], stats)
+    if parts is None:
+        parts = [(b.spec, count) for b, count in zip(closing, counts, strict=True)]
+    return bar_frames(parts, stats)
+
+
+class _Shown:
+    """The record that :meth:`IncrementalBars.book` shows while
+    :meth:`IncrementalFeatures.closing_runs` hands out the runs of a batch: the instrument's
+    last record at or before the end of the run out (:attr:`end`, an index into the batch, the
+    one value that changes per run), unpacked when asked for."""
+
+    __slots__ = ("before", "end", "places", "raw")
+
+    def __init__(self, raw: memoryview, places: list[int], before: tuple[Any, ...] | None) -> None:
+        self.raw = raw
+        self.places = places  # where the instrument's records are in the batch, ascending
+        self.before = before  # its last record before the batch
+        self.end = -1
+
+    def record(self) -> tuple[Any, ...] | None:
+        j = bisect.bisect_right(self.places, self.end) - 1
+        return self.before if j < 0 else RECORD.unpack_from(self.raw, self.places[j] * RECORD_SIZE)
 
 
 class IncrementalFeatures:
@@ -560,40 +584,35 @@ class IncrementalFeatures:
         ids, good = self._route(contiguous)
         # where each builder's records are in the batch, and the bars it closed with the record
         # (its index among the builder's) that closed them
-        seen = {b: n for b, (n, _) in zip(builders, before, strict=True)}
         places = {
-            b: np.flatnonzero(good & (ids == b.spec.instrument_id))
-            for b in builders
-            if b.records_seen > seen[b]
+            b: (np.flatnonzero(good & (ids == b.spec.instrument_id)), seen, last)
+            for b, (seen, last) in zip(builders, before, strict=True)
+            if b.records_seen > seen
         }
-        closing = [b for b in builders if b.closed]
-        closed_by = [np.array([row[_P["closed_by"]] for row in b.closed]) for b in closing]
-        runs: list[tuple[int, BarFrame]] = []
-        for builder, frame, by in zip(closing, _take_frames(closing), closed_by, strict=True):
-            ends = places[builder][by - seen[builder]]
-            cuts = [0, *(np.flatnonzero(np.diff(ends)) + 1).tolist(), len(ends)]
-            if len(cuts) == 2:
-                runs.append((int(ends[0]), frame))
-            else:
-                runs.extend((int(ends[a]), frame.rows(slice(a, b))) for a, b in itertools.pairwise(cuts))
-        runs.sort(key=lambda run: run[0])
-        ends = np.array([end for end, _ in runs], np.int64)
+        ends: list[int] = []  # each run's last record in the batch
+        parts: list[tuple[InstrumentSpec, int]] = []  # its instrument and number of bars
+        for builder in builders:
+            if builder.closed:
+                at, seen, _ = places[builder]
+                closing = at[np.array([row[_P["closed_by"]] for row in builder.closed]) - seen]
+                starts = np.flatnonzero(np.diff(closing, prepend=-1))
+                ends.extend(closing[starts].tolist())
+                parts.extend((builder.spec, n) for n in np.diff(starts, append=len(closing)).tolist())
+        frames = _take_frames(builders, parts)
         raw = contiguous.data.cast("B")
-        shown = [
-            (b, at, np.searchsorted(at, ends, side="right") - 1, last)
-            for b, (_, last) in zip(builders, before, strict=True)
-            if (at := places.get(b)) is not None
-        ]
+        showing = [(b, _Shown(raw, at.tolist(), last)) for b, (at, _, last) in places.items()]
         start = 0
         try:
-            for g, (end, frame) in enumerate(runs):
-                for builder, at, last_at, last in shown:
-                    j = last_at[g]
-                    builder.show(last if j < 0 else RECORD.unpack_from(raw, int(at[j]) * RECORD_SIZE))
-                yield records[start : end + 1], frame
+            for builder, shown in showing:
+                builder.show(shown)
+            for run in sorted(range(len(ends)), key=ends.__getitem__):
+                end = ends[run]
+                for _, shown in showing:
+                    shown.end = end
+                yield records[start : end + 1], frames[run]
                 start = end + 1
         finally:
-            for builder, *_ in shown:
+            for builder, _ in showing:
                 builder.show_last()
         if start < records.shape[0]:
             yield records[start:], None
