@@ -24,6 +24,7 @@ same recursion.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -70,11 +71,13 @@ class RegimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
 
 
 class RegimeTracker:
-    """Incremental regime scale for ``n`` instruments (NumPy float64 state, shape ``[n]``).
+    """Incremental regime scale for ``n`` instruments.
 
     ``floors`` are the learned vol_ref floors (squared log-return per bar; 0 = none).
     Non-finite returns are skipped: that instrument's state and scale stay as they were, and
-    :attr:`rejected` counts them.
+    :attr:`rejected` counts them. The state is held as Python floats (the daemon steps it once
+    per bar: a NumPy scalar read or write costs more than the arithmetic); :attr:`vol_ema`,
+    :attr:`vol_ref`, :attr:`count` and :attr:`scale` read it as ``[n]`` arrays.
     """
 
     def __init__(self, config: RegimeConfig, scale_floor: float, floors: Any) -> None:
@@ -82,57 +85,75 @@ class RegimeTracker:
             raise ValueError("scale_floor must be in (0, 1]")
         self.config = config
         self.scale_floor = scale_floor
-        self.floors = np.asarray(floors, dtype=np.float64).copy()
-        if self.floors.ndim != 1 or not np.all(np.isfinite(self.floors) & (self.floors >= 0)):
+        learned = np.asarray(floors, dtype=np.float64)
+        if learned.ndim != 1 or not np.all(np.isfinite(learned) & (learned >= 0)):
             raise ValueError("floors must be a 1-D array of finite values >= 0")
-        n = self.floors.shape[0]
-        self.vol_ema = np.zeros(n)
-        self.vol_ref = np.zeros(n)
-        self.count = np.zeros(n, dtype=np.int64)
-        """Observations seen per instrument (a warm start counts as a full warm-up)."""
-        self.scale = np.ones(n)
+        self._floor: list[float] = learned.tolist()
+        n = len(self._floor)
+        self._ema, self._ref, self._scale = [0.0] * n, [0.0] * n, [1.0] * n
+        self._count = [0] * n
+        self._alphas = (config.fast_alpha, 1 - config.fast_alpha, config.slow_alpha, 1 - config.slow_alpha)
         self.rejected = 0
+
+    @property
+    def floors(self) -> np.ndarray[Any, np.dtype[np.float64]]:
+        return np.array(self._floor)
+
+    @property
+    def vol_ema(self) -> np.ndarray[Any, np.dtype[np.float64]]:
+        return np.array(self._ema)
+
+    @property
+    def vol_ref(self) -> np.ndarray[Any, np.dtype[np.float64]]:
+        return np.array(self._ref)
+
+    @property
+    def count(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Observations seen per instrument (a warm start counts as a full warm-up)."""
+        return np.array(self._count, dtype=np.int64)
+
+    @property
+    def scale(self) -> np.ndarray[Any, np.dtype[np.float64]]:
+        return np.array(self._scale)
 
     def warm_start(self, median_sq_return: Any) -> None:
         """Start both trackers at the training median of ``l**2`` (``[n]``; non-finite or <= 0
         entries leave that instrument cold)."""
-        med = np.asarray(median_sq_return, dtype=np.float64)
-        ok = np.isfinite(med) & (med > 0)
-        self.vol_ema = np.where(ok, med, self.vol_ema)
-        self.vol_ref = np.where(ok, med, self.vol_ref)
-        self.count = np.where(ok, np.maximum(self.count, self.config.warmup_bars), self.count)
-        for i in np.flatnonzero(ok):
-            ema, ref, floor = (float(v[i]) for v in (self.vol_ema, self.vol_ref, self.floors))
-            self.scale[i] = self._scale_of(ema, ref, floor)
+        med = np.broadcast_to(np.asarray(median_sq_return, dtype=np.float64), (len(self._floor),))
+        warmup = self.config.warmup_bars
+        for i, m in enumerate(med.tolist()):
+            if math.isfinite(m) and m > 0:
+                self._ema[i] = self._ref[i] = m
+                self._count[i] = max(self._count[i], warmup)
+                self._scale[i] = self._scale_of(m, m, self._floor[i])
 
     def update(self, log_returns: Any) -> np.ndarray[Any, np.dtype[np.float64]]:
         """Step every instrument with its bar log-return (``[n]``; NaN = no bar); returns the scale."""
-        lr = np.asarray(log_returns, dtype=np.float64)
-        if lr.shape != self.floors.shape:
-            raise ValueError(f"log_returns must be [{self.floors.shape[0]}], got {lr.shape}")
-        self.path(lr[None, :])
-        return self.scale.copy()
+        values = [float(x) for x in log_returns]
+        if len(values) != len(self._floor):
+            raise ValueError(f"log_returns must be [{len(self._floor)}], got {len(values)} values")
+        for i, x in enumerate(values):
+            if not math.isnan(x):  # a NaN leaves the instrument as it is
+                self._path_of(i, (x,))
+        return np.array(self._scale)
 
     def path(self, log_returns: Any) -> np.ndarray[Any, np.dtype[np.float64]]:
         """Step the trackers over each row of ``log_returns`` (``[T, n]``, a bar each); the
         scales ``[T, n]``. The recursion's one implementation: a scalar loop per instrument, on
         Python floats (a NumPy call per bar costs ~20x more on a backtest's million bars)."""
         lr = np.asarray(log_returns, dtype=np.float64)
-        if lr.ndim != 2 or lr.shape[1] != self.floors.shape[0]:
-            raise ValueError(f"log_returns must be [T, {self.floors.shape[0]}], got {lr.shape}")
+        if lr.ndim != 2 or lr.shape[1] != len(self._floor):
+            raise ValueError(f"log_returns must be [T, {len(self._floor)}], got {lr.shape}")
         out = np.empty_like(lr)
         for i in range(lr.shape[1]):
             out[:, i] = self._path_of(i, lr[:, i].tolist())
         return out
 
-    def _path_of(self, i: int, returns: list[float]) -> list[float]:
+    def _path_of(self, i: int, returns: Sequence[float]) -> list[float]:
         """Instrument ``i``'s scales over ``returns``, its state advanced (:meth:`path`)."""
-        cfg = self.config
-        fast, keep_fast = cfg.fast_alpha, 1 - cfg.fast_alpha
-        slow, keep_slow = cfg.slow_alpha, 1 - cfg.slow_alpha
-        warmup, floor = cfg.warmup_bars, float(self.floors[i])
-        ema, ref, scale = float(self.vol_ema[i]), float(self.vol_ref[i]), float(self.scale[i])
-        count = int(self.count[i])
+        fast, keep_fast, slow, keep_slow = self._alphas
+        warmup, floor = self.config.warmup_bars, self._floor[i]
+        ema, ref, scale, count = self._ema[i], self._ref[i], self._scale[i], self._count[i]
         out: list[float] = []
         append, isfinite, scale_of = out.append, math.isfinite, self._scale_of  # looked up once
         for x in returns:
@@ -145,7 +166,7 @@ class RegimeTracker:
             elif not math.isnan(x):
                 self.rejected += 1  # +-inf; NaN is "no bar"
             append(scale)
-        self.vol_ema[i], self.vol_ref[i], self.count[i], self.scale[i] = ema, ref, count, scale
+        self._ema[i], self._ref[i], self._scale[i], self._count[i] = ema, ref, scale, count
         return out
 
     def _scale_of(self, ema: float, ref: float, floor: float) -> float:
