@@ -74,22 +74,19 @@ def walk_book(bid_px: Array, bid_sz: Array, ask_px: Array, ask_sz: Array, qty: A
     q = xp.asarray(qty, dtype=np.float64)
     buy = (q > 0)[:, None]
     px = xp.where(buy, xp.asarray(ask_px), xp.asarray(bid_px))
-    sz = xp.where(buy, xp.asarray(ask_sz), xp.asarray(bid_sz)).astype(np.float64)
-    valid_px = px != UNDEF_PRICE if px.dtype.kind in "iu" else xp.isfinite(px)
-    sz = xp.where(valid_px & (sz > 0), sz, 0.0)
-    cum = xp.cumsum(sz, axis=1)
-    take = xp.clip(xp.abs(q)[:, None] - (cum - sz), 0.0, sz)
+    sz = xp.where(buy, xp.asarray(ask_sz), xp.asarray(bid_sz))
+    has = (px != UNDEF_PRICE if px.dtype.kind in "iu" else xp.isfinite(px)) & (sz > 0)
+    sz = xp.where(has, sz, 0.0)  # float64
+    before = sz.cumsum(axis=1) - sz
+    take = xp.minimum(xp.maximum(xp.abs(q)[:, None] - before, 0.0), sz)
     filled_abs = take.sum(axis=1)
     # Reference = the first non-empty level's price (exact in int64), offsets are small.
-    has = sz > 0
-    first = xp.argmax(has, axis=1)
-    ref = xp.take_along_axis(px, first[:, None], axis=1)[:, 0]
-    offset = (px - ref[:, None]).astype(np.float64)
-    offset = xp.where(has, offset, 0.0)
+    ref = px[xp.arange(px.shape[0]), has.argmax(axis=1)]
+    offset = xp.where(has, px - ref[:, None], 0.0)  # float64
     with np.errstate(invalid="ignore", divide="ignore"):
-        avg = ref.astype(np.float64) + (take * offset).sum(axis=1) / filled_abs
+        avg = ref + (take * offset).sum(axis=1) / filled_abs
     avg = xp.where(filled_abs > 0, avg, np.nan)
-    levels = (take > 0).sum(axis=1).astype(np.int64)
+    levels = (take > 0).sum(axis=1, dtype=np.int64)
     return BookFill(filled=xp.sign(q) * filled_abs, avg_price=avg, levels_used=levels)
 
 
@@ -249,16 +246,19 @@ def apply_fills(positions: PositionArrays, qty: Array, price: Array) -> Position
     xp = array_module(positions.position, qty, price)
     pos, avg, realised = positions
     q = xp.asarray(qty, dtype=np.float64)
-    p = xp.where(q != 0, xp.asarray(price, dtype=np.float64), 0.0)
+    none = q == 0
+    p = xp.where(none, 0.0, xp.asarray(price, dtype=np.float64))
     new_pos = pos + q
-    increasing = (pos == 0) | (xp.sign(q) == xp.sign(pos))
-    closed = xp.where(increasing, 0.0, xp.sign(pos) * xp.minimum(xp.abs(q), xp.abs(pos)))
+    side, size, held = xp.sign(pos), xp.abs(q), xp.abs(pos)
+    increasing = (pos == 0) | (xp.sign(q) == side)
+    closed = xp.where(increasing, 0.0, side * xp.minimum(size, held))
     realised = realised + closed * (p - avg)
     with np.errstate(invalid="ignore", divide="ignore"):
         averaged = (pos * avg + q * p) / new_pos
-    flipped = ~increasing & (xp.abs(q) > xp.abs(pos))
-    new_avg = xp.where(increasing, averaged, xp.where(flipped, p, avg))
-    new_avg = xp.where((new_pos == 0) | (q == 0), xp.where(q == 0, avg, 0.0), new_avg)
+    # Reducing keeps the entry price, crossing through zero opens at p; a no-op (q == 0, so
+    # not increasing unless flat) keeps it too, and so does a flat no-op (new_pos == 0).
+    new_avg = xp.where(increasing, averaged, xp.where(size > held, p, avg))
+    new_avg = xp.where(new_pos == 0, xp.where(none, avg, 0.0), new_avg)
     return PositionArrays(new_pos, new_avg, realised)
 
 
