@@ -23,7 +23,6 @@ tradable, and no order is sent on them.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import time
@@ -58,7 +57,6 @@ __all__ = ["EventDriver", "EventRun"]
 
 _LOGRET = FEATURE_NAMES.index("mid_logret")
 _RECORD = MBP10_DTYPE.itemsize
-_DECIDED = tuple(f.name for f in dataclasses.fields(Decided))
 ACCOUNT = "backtest"
 
 
@@ -220,7 +218,7 @@ class EventDriver:
                 ts_ns=np.asarray(ts),
                 instrument=np.asarray(inst),
                 bar=np.asarray(bar),
-                decided=Decided(*(np.concatenate([getattr(d, f) for d in decided]) for f in _DECIDED)),
+                decided=Decided.concat(decided),
                 regime=np.asarray(regime),
                 position=np.asarray(position),
                 ordered=np.asarray(ordered),

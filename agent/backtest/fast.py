@@ -30,7 +30,6 @@ have acted, and refuses ``--fast`` with limit orders up front.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -68,7 +67,6 @@ _LOGRET = FEATURE_NAMES.index("mid_logret")
 _KEYS = np.dtype([("instrument_id", "<u4"), ("ts_recv", "<u8")])
 _CHUNK_RECORDS = 1 << 16
 """:func:`load_bars` decodes this many records at a time (24 MiB)."""
-_DECIDED = dataclasses.fields(Decided)
 
 
 @dataclass(frozen=True)
@@ -439,9 +437,7 @@ def _decision_log(
         ts_ns=cols.ts_close[grid.row[grid.active]][live],
         instrument=inst[np.nonzero(grid.active)[1]][live],
         bar=grid.bar[grid.active][live],
-        decided=Decided(*(np.concatenate([getattr(d, f.name) for d in decisions]) for f in _DECIDED)).take(
-            live
-        ),
+        decided=Decided.concat(decisions).take(live),
         regime=grid.regime[grid.active][live],
         position=np.concatenate(positions)[live],
         ordered=ordered[live],

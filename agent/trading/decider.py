@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import numpy as np
@@ -59,6 +59,11 @@ class Decided:
     size: F64
     """Kelly size in [0, 1] (before the regime scale and max_contracts)."""
     kelly_f: F64
+
+    @classmethod
+    def concat(cls, parts: Sequence[Decided]) -> Decided:
+        """The rows of ``parts``, in order, as one decision (the drivers log a run's at once)."""
+        return cls(*(np.concatenate([getattr(d, f.name) for d in parts]) for f in fields(cls)))
 
     def take(self, mask: npt.NDArray[np.bool_]) -> Decided:
         """The rows selected by ``mask``."""
