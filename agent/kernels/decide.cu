@@ -63,8 +63,11 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         pos = position[b];
         reg = regime[b];
     }
-    if (s < 0) return;
-    mf_forward_begin(P, sm);
+    mf_forward_begin(P, sm);  // the weights' copies start while the reads above cross the bus
+    if (s < 0) {
+        if (MF_STAGE) mf_stage_wait();  // no copy outlives its block (the row is the same for all)
+        return;
+    }
     unsigned long long seen = 0, step = 0;
     if (threadIdx.x == 0) {
         seen = bars[s];

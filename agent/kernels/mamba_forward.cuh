@@ -38,6 +38,11 @@
 // its own thread (then the conv reads all inputs, waits, and writes), else 1.
 #define MF_CHUNKS (MF_THREADS / MF_CD > 1 ? (MF_THREADS / MF_CD > MF_K ? MF_K : MF_THREADS / MF_CD) : 1)
 #define MF_WARPS (MF_THREADS / 32)
+// Threads a (head, channel) in the scan: 4 or 2 where the block has threads for them (and whole
+// warps of them), else 1; each holds MF_NS of the channel's MF_N states.
+#define MF_SPLIT_OK(s) (MF_N % (s) == 0 && MF_THREADS >= (s) * MF_DI && ((s) * MF_DI) % 32 == 0)
+#define MF_SPLIT (MF_SPLIT_OK(4) ? 4 : (MF_SPLIT_OK(2) ? 2 : 1))
+#define MF_NS (MF_N / MF_SPLIT)
 
 // Shared memory layout (floats; every region a multiple of 4 for float4 access).
 #define MF_R4(n) ((((n) + 3) / 4) * 4)
@@ -51,7 +56,9 @@
 #define SM_WIN (SM_PROBS + MF_R4(MF_NQ) + MF_R4(MF_NR))    // staged in_proj weights (D, IP)
 #define SM_WOUT (SM_WIN + MF_R4(MF_D * MF_IP))           // staged out_proj (Di, D) or embedding (F, D)
 #define SM_WHEAD (SM_WOUT + MF_R4(MF_MAX(MF_DI * MF_D, MF_F * MF_D)))  // staged heads (D, NQ) (D, NR)
-#define SM_STAGED_END (SM_WHEAD + MF_R4(MF_D * MF_NQ) + MF_R4(MF_D * MF_NR))
+#define SM_SMALL (SM_WHEAD + MF_R4(MF_D * MF_NQ) + MF_R4(MF_D * MF_NR))  // staged small parameters:
+#define SM_SMALL_L (MF_R4(MF_D) + BLK_WOUT_T - BLK_CONV_W)  // a block's norm, then conv_w .. gnorm_w
+#define SM_STAGED_END (SM_SMALL + MF_L * SM_SMALL_L + MF_R4(MF_D))  // ... and the final norm
 #define MF_SHARED_FLOATS (MF_STAGE ? SM_STAGED_END : SM_WIN)
 
 // SiLU with the hardware exp2 and reciprocal (a few instructions instead of ~30): relative
@@ -183,7 +190,18 @@ __device__ __forceinline__ void mf_matmul(const float* in, int ldi, int kdim, co
     }
 }
 
-// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K); one warp a row.
+// Layer `layer`'s small parameter BLK_* `off` (norm, conv, dt bias, A, D, gnorm weights; blk is
+// the layer's packed block): the staged copy in shared memory (latency variant), else global.
+__device__ __forceinline__ const float* mf_small(const float* sm, const float* blk, int layer, int off) {
+    if (!MF_STAGE) return blk + off;
+    return sm + SM_SMALL + layer * SM_SMALL_L + (off == BLK_NORM ? 0 : MF_R4(MF_D) + off - BLK_CONV_W);
+}
+
+// A read of a parameter pointer from mf_small (shared memory, or global through the read-only path).
+__device__ __forceinline__ float mf_ld(const float* p) { return MF_STAGE ? *p : __ldg(p); }
+
+// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K); one warp a row; w
+// from mf_small (or the final norm's, staged alike).
 __device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, const float* __restrict__ w,
                                                 int t0) {
     const int lane = threadIdx.x & 31;
@@ -192,7 +210,7 @@ __device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, con
         float ss = 0.0f;
         for (int k = lane; k < MF_D; k += 32) ss += x[k] * x[k];
         const float r = 1.0f / sqrtf(mf_warp_sum(ss) / (float)MF_D + MF_EPS);
-        for (int k = lane; k < MF_D; k += 32) out[t * MF_D + k] = x[k] * r * __ldg(w + k);
+        for (int k = lane; k < MF_D; k += 32) out[t * MF_D + k] = x[k] * r * mf_ld(w + k);
     }
 }
 
@@ -202,6 +220,13 @@ __device__ __forceinline__ void mf_forward_begin(const float* __restrict__ P, fl
     if (MF_STAGE) {
         mf_stage(sm + SM_WOUT, P + OFF_EMB_WT, MF_F * MF_D);
         mf_stage(sm + SM_WIN, P + OFF_BLOCKS + BLK_WIN_T, MF_D * MF_IP);
+        for (int layer = 0; layer < MF_L; ++layer) {
+            const float* blk = P + OFF_BLOCKS + (size_t)layer * BLK_STRIDE;
+            float* dst = sm + SM_SMALL + layer * SM_SMALL_L;
+            mf_stage(dst, blk + BLK_NORM, MF_D);
+            mf_stage(dst + MF_R4(MF_D), blk + BLK_CONV_W, BLK_WOUT_T - BLK_CONV_W);
+        }
+        mf_stage(sm + SM_SMALL + MF_L * SM_SMALL_L, P + OFF_FINAL_NORM, MF_D);
     }
 }
 
@@ -230,7 +255,7 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
         const float* w_in = MF_STAGE ? sm + SM_WIN : blk + BLK_WIN_T;
         const float* w_out = MF_STAGE ? sm + SM_WOUT : blk + BLK_WOUT_T;
 
-        mf_rmsnorm_rows(hs, us, blk + BLK_NORM, 0);
+        mf_rmsnorm_rows(hs, us, mf_small(sm, blk, layer, BLK_NORM), 0);
         __syncthreads();
         // in_proj: x, B, C, dt for every step; z only where the output is needed.
         constexpr int xbcdt = MF_IP - MF_DI;
@@ -268,8 +293,8 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
                 float cb = 0.0f;
                 if (mine) {
 #pragma unroll
-                    for (int k = 0; k < MF_W; ++k) cw[k] = __ldg(blk + BLK_CONV_W + c * MF_W + k);
-                    cb = __ldg(blk + BLK_CONV_B + c);
+                    for (int k = 0; k < MF_W; ++k) cw[k] = mf_ld(mf_small(sm, blk, layer, BLK_CONV_W) + c * MF_W + k);
+                    cb = mf_ld(mf_small(sm, blk, layer, BLK_CONV_B) + c);
 #pragma unroll
                     for (int i = 0; i < CS + MF_W - 1; ++i) {
                         const int t = t0 - (MF_W - 1) + i;
@@ -294,22 +319,26 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
         for (int i = threadIdx.x; i < MF_K * MF_H; i += MF_THREADS) {
             const int t = i / MF_H, h = i % MF_H;
             float* v = zx + t * MF_IP + MF_DI + MF_CD + h;
-            *v = mf_softplus(*v + __ldg(blk + BLK_DT_BIAS + h));
+            *v = mf_softplus(*v + mf_ld(mf_small(sm, blk, layer, BLK_DT_BIAS) + h));
         }
         __syncthreads();
 
-        // SSM scan from zero state, one (head, channel) per thread, every step unrolled with its
-        // outputs kept in registers: no store inside the loop, so the next step's loads issue
-        // while this step computes. y (with the D skip) then overwrites x where it is needed.
-        for (int idx = threadIdx.x; idx < MF_DI; idx += MF_THREADS) {
+        // SSM scan from zero state: MF_SPLIT neighbouring threads a (head, channel), each with
+        // MF_N / MF_SPLIT of its states (the recurrence runs on all of them at once; their
+        // shares of y meet by shuffles, off the recurrence's path); every step unrolled with
+        // its outputs kept in registers: no store inside the loop, so the next step's loads
+        // issue while this step computes. y (with the D skip) then overwrites x where needed.
+        for (int item = threadIdx.x; item < MF_DI * MF_SPLIT; item += MF_THREADS) {
+            constexpr int NS = MF_NS;
+            const int idx = item / MF_SPLIT, part = item % MF_SPLIT;
             const int h = idx / MF_P;
             const int g = h / (MF_H / MF_G);
-            const float A = -expf(__ldg(blk + BLK_A + h));  // the layout stores A_log
-            const float Dh = __ldg(blk + BLK_D + h);
-            float state[MF_N];
+            const float A = -expf(mf_ld(mf_small(sm, blk, layer, BLK_A) + h));  // the layout stores A_log
+            const float Dh = mf_ld(mf_small(sm, blk, layer, BLK_D) + h);
+            float state[NS];
             float ys[MF_K];
 #pragma unroll
-            for (int n = 0; n < MF_N; ++n) state[n] = 0.0f;
+            for (int n = 0; n < NS; ++n) state[n] = 0.0f;
 #pragma unroll
             for (int t = 0; t < MF_K; ++t) {
                 const float* row = zx + t * MF_IP;
@@ -317,12 +346,12 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
                 const float dtv = row[MF_DI + MF_CD + h];
                 const float decay = __expf(dtv * A);  // dt * A <= 0: decay in (0, 1]
                 const float dx = dtv * xv;
-                const float* Bt = row + 2 * MF_DI + g * MF_N;
-                const float* Ct = row + 2 * MF_DI + MF_G * MF_N + g * MF_N;
+                const float* Bt = row + 2 * MF_DI + g * MF_N + part * NS;
+                const float* Ct = row + 2 * MF_DI + MF_G * MF_N + g * MF_N + part * NS;
                 float y = 0.0f;
-#if MF_N % 4 == 0 && MF_IP % 4 == 0 && MF_DI % 4 == 0
+#if MF_NS % 4 == 0 && MF_IP % 4 == 0 && MF_DI % 4 == 0
 #pragma unroll
-                for (int n = 0; n < MF_N; n += 4) {  // B_t and C_t read as float4 (16-byte aligned rows)
+                for (int n = 0; n < NS; n += 4) {  // B_t and C_t read as float4 (16-byte aligned rows)
                     const float4 b4 = *reinterpret_cast<const float4*>(Bt + n);
                     const float4 c4 = *reinterpret_cast<const float4*>(Ct + n);
                     state[n] = decay * state[n] + dx * b4.x;
@@ -333,16 +362,26 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
                 }
 #else
 #pragma unroll
-                for (int n = 0; n < MF_N; ++n) {
+                for (int n = 0; n < NS; ++n) {
                     state[n] = decay * state[n] + dx * Bt[n];
                     y += state[n] * Ct[n];
                 }
 #endif
-                ys[t] = y + Dh * xv;
+                ys[t] = y;
             }
 #pragma unroll
             for (int t = 0; t < MF_K; ++t) {
-                if (t >= t_out) zx[t * MF_IP + MF_DI + idx] = ys[t];
+#pragma unroll
+                for (int off = 1; off < MF_SPLIT; off <<= 1) ys[t] += __shfl_xor_sync(0xffffffffu, ys[t], off);
+            }
+            if (part == 0) {
+#pragma unroll
+                for (int t = 0; t < MF_K; ++t) {
+                    if (t >= t_out) {
+                        float* v = zx + t * MF_IP + MF_DI + idx;
+                        *v = ys[t] + Dh * *v;
+                    }
+                }
             }
         }
         __syncthreads();
@@ -363,7 +402,7 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
                 const float r = 1.0f / sqrtf(mf_warp_sum(ss) / (float)GW + MF_EPS);
                 __syncwarp();
                 for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
-                    row[MF_DI + i] = row[MF_DI + i] * r * __ldg(blk + BLK_GNORM + i);
+                    row[MF_DI + i] = row[MF_DI + i] * r * mf_ld(mf_small(sm, blk, layer, BLK_GNORM) + i);
                 }
             }
         }
@@ -385,7 +424,7 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
     }
 
     // Final RMSNorm of the last step, then both heads.
-    mf_rmsnorm_rows(hs, us, P + OFF_FINAL_NORM, MF_K - 1);
+    mf_rmsnorm_rows(hs, us, MF_STAGE ? sm + SM_SMALL + MF_L * SM_SMALL_L : P + OFF_FINAL_NORM, MF_K - 1);
     __syncthreads();
     const float* feat = us + (MF_K - 1) * MF_D;
     const float* wq = MF_STAGE ? sm + SM_WHEAD : P + OFF_Q_WT;

@@ -153,10 +153,19 @@ def forward_layout(cfg: ModelConfig) -> ForwardLayout:
     options = tuple(f"-D{k}={v}" for k, v in (dims | offsets).items())
     k, ip = cfg.window, cfg.in_proj_dim
     # The SM_* layout of mamba_forward.cuh: activations, logits and probabilities, then the
-    # staged in_proj, out_proj (or embedding) and head weights.
+    # staged in_proj, out_proj (or embedding) and head weights, then the small parameters (each
+    # block's norm and its conv_w .. gnorm_w run, the final norm).
     heads = _aligned(n_q) + _aligned(n_r)
     shared = 2 * _aligned(k * d) + _aligned(k * max(ip, f)) + 2 * heads
-    staged = shared + _aligned(d * ip) + _aligned(max(di * d, f * d)) + _aligned(d * n_q) + _aligned(d * n_r)
+    small = cfg.n_layers * (_aligned(d) + offsets["BLK_WOUT_T"] - offsets["BLK_CONV_W"]) + _aligned(d)
+    staged = (
+        shared
+        + _aligned(d * ip)
+        + _aligned(max(di * d, f * d))
+        + _aligned(d * n_q)
+        + _aligned(d * n_r)
+        + small
+    )
     return ForwardLayout(offsets, pos, shared, staged, options)
 
 
