@@ -3,80 +3,36 @@
 Every part with a task of its own (:class:`~agent.daemon.session.Session`,
 :class:`~agent.daemon.intake.Intake`, :class:`~agent.daemon.decisions.Decisions`,
 :class:`~agent.daemon.writes.LedgerWrites`, :class:`~agent.daemon.supervision.Supervisor`) and
-the :class:`~agent.daemon.app.Daemon` itself is a :class:`Component`, with the states of
-:class:`feeds.sources.Source`::
-
-    NEW --start--> STARTING --ok--> RUNNING --stop--> STOPPING --> STOPPED
-                       |               |
-                       +----error----> FAULTED --stop--> STOPPING --> STOPPED
-                                   (a part whose task failed)
-
-``start`` and ``stop`` drive the table; subclasses implement ``_start`` and ``_stop``. ``stop``
-is idempotent and safe from any state: a part that failed to start (FAULTED) is stopped like a
-running one, so ``_stop`` releases whatever ``_start`` acquired before it failed. The daemon
+the :class:`~agent.daemon.app.Daemon` itself is a :class:`Component`: the lifecycle of
+:mod:`feeds.lifecycle` (the one the market-data sources have), where a running part also turns
+FAULTED when one of its tasks fails. A part that failed to start is stopped like a running
+one, so ``_stop`` releases whatever ``_start`` acquired before it failed. The daemon
 registers each part's ``stop`` before it starts the part, on one stack unwound in reverse
 order at the end (STYLE item 14).
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
-import enum
 from collections.abc import Coroutine
 from typing import Any
 
 from agent.errors import AgentError
+from feeds.lifecycle import Lifecycle, State
 
 __all__ = ["Component", "State"]
 
 
-class State(enum.StrEnum):
-    NEW = "new"
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FAULTED = "faulted"
-
-
-class Component(abc.ABC):
-    """A long-lived part: an explicit state, public :meth:`start`/:meth:`stop`, private hooks,
-    and the tasks it runs (cancelled and awaited by :meth:`_cancel_tasks`)."""
+class Component(Lifecycle):
+    """A long-lived part: the shared lifecycle, plus the tasks it runs (cancelled and awaited by
+    :meth:`_cancel_tasks`)."""
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self._state = State.NEW
+        super().__init__(name)
         self._tasks: list[asyncio.Task[None]] = []
 
-    @property
-    def state(self) -> State:
-        return self._state
-
-    async def start(self) -> None:
-        """``_start``; on failure the part is FAULTED and the error propagates."""
-        if self._state is not State.NEW:
-            raise AgentError(f"{self.name}: cannot start in state {self._state}")
-        self._state = State.STARTING
-        try:
-            await self._start()
-        except BaseException:
-            self._state = State.FAULTED
-            raise
-        self._state = State.RUNNING
-
-    async def stop(self) -> None:
-        """``_stop`` once, from any state but NEW (nothing to release) and STOPPING/STOPPED."""
-        if self._state in (State.STOPPING, State.STOPPED):
-            return
-        if self._state is State.NEW:
-            self._state = State.STOPPED
-            return
-        self._state = State.STOPPING
-        try:
-            await self._stop()
-        finally:
-            self._state = State.STOPPED
+    def _usage_error(self, message: str) -> Exception:
+        return AgentError(message)
 
     def _fault(self) -> None:
         """A task of a running part failed: FAULTED until stopped."""
@@ -94,10 +50,3 @@ class Component(abc.ABC):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    @abc.abstractmethod
-    async def _start(self) -> None: ...
-
-    @abc.abstractmethod
-    async def _stop(self) -> None:
-        """Release everything; also called after a failed ``_start``."""

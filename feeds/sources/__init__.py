@@ -3,7 +3,7 @@
 :class:`HealthEvent` values and keeps :class:`SourceCounters`.
 """
 
-from feeds.sources.base import QueuedSource, Source, SourceState
+from feeds.sources.base import QueuedSource, Source
 from feeds.sources.databento_live import DatabentoLiveSource, load_api_key
 from feeds.sources.events import HealthEvent, HealthKind, RecordBatch, SourceCounters, SourceEvent
 from feeds.sources.factory import build_source, config_symbols
@@ -22,7 +22,6 @@ __all__ = [
     "Source",
     "SourceCounters",
     "SourceEvent",
-    "SourceState",
     "build_source",
     "config_symbols",
     "dataset_subjects",

@@ -6,19 +6,15 @@ Every source (replay, NATS, Databento Live) is a :class:`Source`::
         async for event in source:                # RecordBatch | HealthEvent
             ...
 
-Lifecycle (STYLE item 6)::
-
-    NEW --start--> STARTING --ok--> RUNNING --stop--> STOPPING --> STOPPED
-                       |                |  (end of data: iteration stops, state stays RUNNING)
-                       +---error---> FAULTED <--error (the iterator re-raises it as FeedError)
-
-``start`` and ``stop`` drive the table; subclasses implement ``_start``, ``_stop`` and
-``_next``. :meth:`Source.resume_after` makes a source skip what a stream already holds
-(:mod:`feeds.sources.resume`: a restarted relay). ``stop`` is idempotent and safe from any
-state. Sources fed from callbacks or other threads derive from :class:`QueuedSource`, whose
-bounded queue drops record batches (counted, reported once per episode as a ``DROPPED`` health
-event) when the consumer falls behind, but never drops a health event, and which reports a
-``STALE`` event when nothing arrives for ``stale_after_s``.
+Lifecycle: :mod:`feeds.lifecycle` (STYLE item 6), with two rules of its own: a source that
+fails to start releases at once (``_stop``) and raises :class:`FeedError`; at the end of data
+iteration stops and the state stays RUNNING, and a failure while iterating makes it FAULTED (the
+iterator re-raises it as FeedError). Subclasses implement ``_start``, ``_stop`` and ``_next``.
+:meth:`Source.resume_after` makes a source skip what a stream already holds
+(:mod:`feeds.sources.resume`: a restarted relay). Sources fed from callbacks or other threads
+derive from :class:`QueuedSource`, whose bounded queue drops record batches (counted, reported
+once per episode as a ``DROPPED`` health event) when the consumer falls behind, but never drops
+a health event, and which reports a ``STALE`` event when nothing arrives for ``stale_after_s``.
 
 What a source passes on (:meth:`Source._screen`, every batch of every source): with
 ``instruments`` given (what a daemon or a gateway trades), records of any other instrument are
@@ -36,7 +32,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
-import enum
 import logging
 import time
 from collections.abc import Mapping
@@ -48,28 +43,20 @@ import numpy as np
 from feeds.dbn.framing import take_mbp10
 from feeds.errors import FeedError
 from feeds.health import ArrivalClock, TimeRegression, single_instrument
+from feeds.lifecycle import Lifecycle, State
 from feeds.sources.events import BatchPart, HealthEvent, HealthKind, RecordBatch, SourceCounters, SourceEvent
 from feeds.sources.resume import ResumeFilter
 
-__all__ = ["QueuedSource", "Source", "SourceState"]
+__all__ = ["QueuedSource", "Source"]
 
 log = logging.getLogger(__name__)
 
 
-class SourceState(enum.StrEnum):
-    NEW = "new"
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FAULTED = "faulted"
-
-
-class Source(abc.ABC):
+class Source(Lifecycle):
     """Base of every market-data source: lifecycle, counters and async iteration."""
 
     def __init__(self, name: str, *, instruments: Mapping[int, str] | None = None) -> None:
-        self.name = name
+        super().__init__(name)
         self.counters = SourceCounters()
         self.dataset: str | None = None
         """Databento dataset of the records, once known (``GLBX.MDP3``)."""
@@ -82,52 +69,34 @@ class Source(abc.ABC):
         self._reported: set[tuple[str, str | int]] = set()
         """The datasets, symbols and instruments whose refusal was reported (once each)."""
         self._resume: ResumeFilter | None = None
-        self._state = SourceState.NEW
 
-    @property
-    def state(self) -> SourceState:
-        return self._state
+    def _usage_error(self, message: str) -> Exception:
+        return FeedError(message)
 
-    async def start(self) -> None:
-        """Connect / open the source. Raises :class:`FeedError` (state FAULTED) on failure."""
-        if self._state is not SourceState.NEW:
-            raise FeedError(f"{self.name}: cannot start a source in state {self._state}")
-        self._state = SourceState.STARTING
-        try:
-            await self._start()
-        except BaseException as exc:
-            self._state = SourceState.FAULTED
-            await self._stop()
-            if isinstance(exc, FeedError) or not isinstance(exc, Exception):
-                raise
-            raise FeedError(f"{self.name}: cannot start: {exc}") from exc
-        self._state = SourceState.RUNNING
+    async def _start_failed(self, exc: BaseException) -> BaseException:
+        """A source releases what it acquired at once; a failure other than a FeedError (or a
+        cancellation) is raised as one, naming the source."""
+        await self._stop()
+        if isinstance(exc, Exception) and not isinstance(exc, FeedError):
+            return FeedError(f"{self.name}: cannot start: {exc}")
+        return exc
+
+    def _started(self) -> None:
         log.info("%s: started", self.name)
 
-    async def stop(self) -> None:
-        """Disconnect / close; idempotent. Pending events are discarded."""
-        if self._state in (SourceState.STOPPED, SourceState.STOPPING):
-            return
-        if self._state is SourceState.NEW:
-            self._state = SourceState.STOPPED
-            return
-        self._state = SourceState.STOPPING
-        try:
-            await self._stop()
-        finally:
-            self._state = SourceState.STOPPED
-            log.info("%s: stopped (%s)", self.name, self.counters.snapshot())
+    def _stopped(self) -> None:
+        log.info("%s: stopped (%s)", self.name, self.counters.snapshot())
 
     def __aiter__(self) -> Source:
         return self
 
     async def __anext__(self) -> SourceEvent:
-        if self._state is not SourceState.RUNNING:
+        if self._state is not State.RUNNING:
             raise StopAsyncIteration
         try:
             event = await self._next()
         except FeedError:
-            self._state = SourceState.FAULTED
+            self._state = State.FAULTED
             raise
         if event is None:
             raise StopAsyncIteration

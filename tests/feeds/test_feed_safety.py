@@ -37,7 +37,8 @@ import pytest
 from feeds.dbn import write_mbp10
 from feeds.errors import FeedError
 from feeds.health import ArrivalClock
-from feeds.sources import HealthKind, RecordBatch, ReplaySource, SourceState
+from feeds.lifecycle import State
+from feeds.sources import HealthKind, RecordBatch, ReplaySource
 from feeds.sources.nats_session import NatsSession
 from feeds.sources.nats_wire import MessageEncoder, WireMessage
 from tests.daemon.support import (
@@ -145,7 +146,7 @@ async def test_an_old_server_is_refused_for_a_multi_subject_consumer(
         assert f"{proxy.url}: NATS server 2.9.25 is older than 2.10.0" in message
         assert "stream MBP10 filtered on md.mbp10.GLBX-MDP3.ES, md.mbp10.GLBX-MDP3.NQ" in message
         assert "upgrade nats-server, or set feeds.source.symbols = []" in message
-        assert source.state is SourceState.FAULTED
+        assert source.state is State.FAULTED
         # One filter (the dataset wildcard) is applied by every server: accepted there.
         async with Collector(nats_source(nats_server, url=proxy.url)) as sink:
             await relay_file(nats_server, write_feed(tmp_path / "feed.dbn", records))

@@ -17,6 +17,7 @@ import feeds.sources
 from feeds.dbn import StreamDecoder, read_mbp10
 from feeds.dbn.framing import MBP10_SIZE
 from feeds.errors import DBNFormatError, FeedError
+from feeds.lifecycle import State
 from feeds.sources import (
     HealthEvent,
     HealthKind,
@@ -24,7 +25,6 @@ from feeds.sources import (
     QueuedSource,
     RecordBatch,
     ReplaySource,
-    SourceState,
     dataset_subjects,
     subject_for,
     subject_token,
@@ -63,7 +63,7 @@ async def test_replay_of_a_file_yields_every_record_in_order(tmp_path: Path) -> 
     assert got.tobytes() == records.tobytes()
     assert health == []
     assert batches == 6
-    assert source.state is SourceState.STOPPED
+    assert source.state is State.STOPPED
     assert source.counters.records == len(records)
     assert source.dataset == "GLBX.MDP3"
     assert source.symbols == SYMBOLS
@@ -94,7 +94,7 @@ async def test_replay_errors_are_feed_errors_at_start(tmp_path: Path) -> None:
     source = ReplaySource(tmp_path)  # a directory without DBN files
     with pytest.raises(DBNFormatError, match=r"no \.dbn"):
         await source.start()
-    assert source.state is SourceState.FAULTED
+    assert source.state is State.FAULTED
     with pytest.raises(FeedError, match="pace"):
         ReplaySource(tmp_path, pace=-1)
 
@@ -107,7 +107,7 @@ async def test_a_source_cannot_start_twice_and_stop_is_idempotent(tmp_path: Path
         await source.start()
     await source.stop()
     await source.stop()
-    assert source.state is SourceState.STOPPED
+    assert source.state is State.STOPPED
     assert await source.next() is None
 
 
@@ -162,7 +162,7 @@ async def test_queued_source_raises_the_producer_error_as_feed_error() -> None:
     source._finish(FeedError("session lost"))
     with pytest.raises(FeedError, match="session lost"):
         await source.next()
-    assert source.state is SourceState.FAULTED
+    assert source.state is State.FAULTED
     await source.stop()
 
 
@@ -341,7 +341,6 @@ def test_the_public_surface_of_feeds_sources_is_pinned() -> None:
         "Source",
         "SourceCounters",
         "SourceEvent",
-        "SourceState",
         "build_source",
         "config_symbols",
         "dataset_subjects",

@@ -13,6 +13,7 @@ import pytest
 
 from feeds.config import RelayConfig
 from feeds.errors import FeedError
+from feeds.lifecycle import State
 from feeds.relay import Relay
 from feeds.sources import (
     HealthEvent,
@@ -21,7 +22,6 @@ from feeds.sources import (
     RecordBatch,
     ReplaySource,
     SourceEvent,
-    SourceState,
 )
 from feeds.sources.nats_session import NatsSession, NatsUnavailable
 from feeds.sources.nats_wire import MessageEncoder
@@ -280,7 +280,7 @@ async def test_an_unreachable_server_is_a_clear_feed_error(nats_server: NatsServ
     source._session = session
     with pytest.raises(NatsUnavailable):
         await source.start()
-    assert source.state is SourceState.FAULTED
+    assert source.state is State.FAULTED
 
 
 async def test_a_stream_of_that_name_recording_other_subjects_is_refused_and_left_alone(
@@ -301,7 +301,7 @@ async def test_a_stream_of_that_name_recording_other_subjects_is_refused_and_lef
         source = nats_source(nats_server)
         with pytest.raises(FeedError, match=r"exists but records \['orders\.>'\]"):
             await source.start()
-        assert source.state is SourceState.FAULTED
+        assert source.state is State.FAULTED
         assert (await admin.js.stream_info(STREAM)).config.subjects == ["orders.>"]
     finally:
         await admin.close()
