@@ -59,6 +59,9 @@
 #define SM_SMALL (SM_WHEAD + MF_R4(MF_D * MF_NQ) + MF_R4(MF_D * MF_NR))  // staged small parameters:
 #define SM_SMALL_L (MF_R4(MF_D) + BLK_WOUT_T - BLK_CONV_W)  // a block's norm, then conv_w .. gnorm_w
 #define SM_STAGED_END (SM_SMALL + MF_L * SM_SMALL_L + MF_R4(MF_D))  // ... and the final norm
+static_assert(BLK_CONV_W < BLK_CONV_B && BLK_CONV_B < BLK_DT_BIAS && BLK_DT_BIAS < BLK_A && BLK_A < BLK_D &&
+                  BLK_D < BLK_GNORM && BLK_GNORM < BLK_WOUT_T,
+              "the small parameters staged as one run [BLK_CONV_W, BLK_WOUT_T) of a block's layout");
 #define MF_SHARED_FLOATS (MF_STAGE ? SM_STAGED_END : SM_WIN)
 
 // SiLU with the hardware exp2 and reciprocal (a few instructions instead of ~30): relative
