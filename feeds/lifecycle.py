@@ -75,6 +75,11 @@ class Lifecycle(abc.ABC):
             self._state = State.STOPPED
             self._stopped()
 
+    def _fault(self) -> None:
+        """The work of a running part failed: FAULTED until stopped."""
+        if self._state is State.RUNNING:
+            self._state = State.FAULTED
+
     @abc.abstractmethod
     def _usage_error(self, message: str) -> Exception:
         """The error for a call the state does not allow (the package's own error type)."""
@@ -97,4 +102,5 @@ class Lifecycle(abc.ABC):
 
     @abc.abstractmethod
     async def _stop(self) -> None:
-        """Release everything; also called after a failed ``_start``."""
+        """Release everything; also called after a failed ``_start``, so it must tolerate a
+        start that went part of the way."""

@@ -34,11 +34,6 @@ class Component(Lifecycle):
     def _usage_error(self, message: str) -> Exception:
         return AgentError(message)
 
-    def _fault(self) -> None:
-        """A task of a running part failed: FAULTED until stopped."""
-        if self._state is State.RUNNING:
-            self._state = State.FAULTED
-
     def _task(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.append(task)

@@ -96,7 +96,7 @@ class Source(Lifecycle):
         try:
             event = await self._next()
         except FeedError:
-            self._state = State.FAULTED
+            self._fault()
             raise
         if event is None:
             raise StopAsyncIteration
@@ -224,13 +224,6 @@ class Source(Lifecycle):
         return HealthEvent(
             HealthKind.TIME_REGRESSION, time.time_ns(), detail, count=found.behind, instrument_id=iid
         )
-
-    @abc.abstractmethod
-    async def _start(self) -> None: ...
-
-    @abc.abstractmethod
-    async def _stop(self) -> None:
-        """Release everything; called after a failed ``_start`` too, so it must tolerate that."""
 
     @abc.abstractmethod
     async def _next(self) -> SourceEvent | None:
