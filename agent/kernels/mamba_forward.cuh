@@ -203,6 +203,56 @@ __device__ __forceinline__ const float* mf_small(const float* sm, const float* b
 // A read of a parameter pointer from mf_small (shared memory, or global through the read-only path).
 __device__ __forceinline__ float mf_ld(const float* p) { return MF_STAGE ? *p : __ldg(p); }
 
+// The scan of one (head, channel) from zero state on MF_SPLIT neighbouring threads, each with
+// MF_NS of its states (this thread's share: `part`): the recurrence h_t = exp(dt_t A) h_{t-1} +
+// dt_t x_t B_t runs on every share at once and ys[t] ends as C_t . h_t, the shares' sums met by
+// shuffles off the recurrence's path. Step t reads x at x[t * LD], dt at dt[t * LDDT], the share
+// of B_t at bc[t * LD] and of C_t MF_G * MF_N floats after it; every step unrolled with its output
+// kept in registers (no store inside the loop, so the next step's loads issue while this step
+// computes). B and C are read as float4 where the strides keep them 16-byte aligned.
+template <int LD, int LDDT>
+__device__ __forceinline__ void mf_scan_share(const float* x, const float* dt, const float* bc, float A,
+                                              float (&ys)[MF_K]) {
+    constexpr int NS = MF_NS;
+    float state[NS];
+#pragma unroll
+    for (int n = 0; n < NS; ++n) state[n] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < MF_K; ++t) {
+        const float xv = x[t * LD];
+        const float dtv = dt[t * LDDT];
+        const float decay = __expf(dtv * A);  // dt * A <= 0: decay in (0, 1]
+        const float dx = dtv * xv;
+        const float* Bt = bc + t * LD;
+        const float* Ct = Bt + MF_G * MF_N;
+        float y = 0.0f;
+        if constexpr (NS % 4 == 0 && LD % 4 == 0 && MF_DI % 4 == 0) {
+#pragma unroll
+            for (int n = 0; n < NS; n += 4) {
+                const float4 b4 = *reinterpret_cast<const float4*>(Bt + n);
+                const float4 c4 = *reinterpret_cast<const float4*>(Ct + n);
+                state[n] = decay * state[n] + dx * b4.x;
+                state[n + 1] = decay * state[n + 1] + dx * b4.y;
+                state[n + 2] = decay * state[n + 2] + dx * b4.z;
+                state[n + 3] = decay * state[n + 3] + dx * b4.w;
+                y += state[n] * c4.x + state[n + 1] * c4.y + state[n + 2] * c4.z + state[n + 3] * c4.w;
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < NS; ++n) {
+                state[n] = decay * state[n] + dx * Bt[n];
+                y += state[n] * Ct[n];
+            }
+        }
+        ys[t] = y;
+    }
+#pragma unroll
+    for (int t = 0; t < MF_K; ++t) {
+#pragma unroll
+        for (int off = 1; off < MF_SPLIT; off <<= 1) ys[t] += __shfl_xor_sync(0xffffffffu, ys[t], off);
+    }
+}
+
 // out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K); one warp a row; w
 // from mf_small (or the final norm's, staged alike).
 __device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, const float* __restrict__ w,
@@ -326,57 +376,17 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
         }
         __syncthreads();
 
-        // SSM scan from zero state: MF_SPLIT neighbouring threads a (head, channel), each with
-        // MF_N / MF_SPLIT of its states (the recurrence runs on all of them at once; their
-        // shares of y meet by shuffles, off the recurrence's path); every step unrolled with
-        // its outputs kept in registers: no store inside the loop, so the next step's loads
-        // issue while this step computes. y (with the D skip) then overwrites x where needed.
+        // SSM scan from zero state (mf_scan_share: MF_SPLIT threads a (head, channel)); y (with
+        // the D skip) then overwrites x where needed.
         for (int item = threadIdx.x; item < MF_DI * MF_SPLIT; item += MF_THREADS) {
-            constexpr int NS = MF_NS;
             const int idx = item / MF_SPLIT, part = item % MF_SPLIT;
             const int h = idx / MF_P;
             const int g = h / (MF_H / MF_G);
             const float A = -expf(mf_ld(mf_small(sm, blk, layer, BLK_A) + h));  // the layout stores A_log
             const float Dh = mf_ld(mf_small(sm, blk, layer, BLK_D) + h);
-            float state[NS];
             float ys[MF_K];
-#pragma unroll
-            for (int n = 0; n < NS; ++n) state[n] = 0.0f;
-#pragma unroll
-            for (int t = 0; t < MF_K; ++t) {
-                const float* row = zx + t * MF_IP;
-                const float xv = row[MF_DI + idx];
-                const float dtv = row[MF_DI + MF_CD + h];
-                const float decay = __expf(dtv * A);  // dt * A <= 0: decay in (0, 1]
-                const float dx = dtv * xv;
-                const float* Bt = row + 2 * MF_DI + g * MF_N + part * NS;
-                const float* Ct = row + 2 * MF_DI + MF_G * MF_N + g * MF_N + part * NS;
-                float y = 0.0f;
-#if MF_NS % 4 == 0 && MF_IP % 4 == 0 && MF_DI % 4 == 0
-#pragma unroll
-                for (int n = 0; n < NS; n += 4) {  // B_t and C_t read as float4 (16-byte aligned rows)
-                    const float4 b4 = *reinterpret_cast<const float4*>(Bt + n);
-                    const float4 c4 = *reinterpret_cast<const float4*>(Ct + n);
-                    state[n] = decay * state[n] + dx * b4.x;
-                    state[n + 1] = decay * state[n + 1] + dx * b4.y;
-                    state[n + 2] = decay * state[n + 2] + dx * b4.z;
-                    state[n + 3] = decay * state[n + 3] + dx * b4.w;
-                    y += state[n] * c4.x + state[n + 1] * c4.y + state[n + 2] * c4.z + state[n + 3] * c4.w;
-                }
-#else
-#pragma unroll
-                for (int n = 0; n < NS; ++n) {
-                    state[n] = decay * state[n] + dx * Bt[n];
-                    y += state[n] * Ct[n];
-                }
-#endif
-                ys[t] = y;
-            }
-#pragma unroll
-            for (int t = 0; t < MF_K; ++t) {
-#pragma unroll
-                for (int off = 1; off < MF_SPLIT; off <<= 1) ys[t] += __shfl_xor_sync(0xffffffffu, ys[t], off);
-            }
+            mf_scan_share<MF_IP, MF_IP>(zx + MF_DI + idx, zx + MF_DI + MF_CD + h,
+                                        zx + 2 * MF_DI + g * MF_N + part * MF_NS, A, ys);
             if (part == 0) {
 #pragma unroll
                 for (int t = 0; t < MF_K; ++t) {
