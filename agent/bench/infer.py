@@ -222,11 +222,7 @@ def _fused_samples_per_s(cfg: ModelConfig, batch: int, steps: int) -> float:
     rows = 100_000
 
     def get(name: str) -> Any:
-        fn = kernel("train.cu", name, options=layout.options)
-        shared = {"backward_kernel": layout.backward_shared, "next_logits_kernel": layout.forward_shared}
-        if name in shared:
-            fn.max_dynamic_shared_size_bytes = shared[name]
-        return fn
+        return kernel("train.cu", name, options=layout.options)
 
     inputs: dict[str, Any] = {}
     for name, (_, dtype) in INPUTS.items():
@@ -250,7 +246,6 @@ def _fused_samples_per_s(cfg: ModelConfig, batch: int, steps: int) -> float:
         packed=pack_train(init_params(cfg, rng), cfg),
         inputs=inputs,
         ring_size=steps + 2,
-        blocks=int(cp.cuda.Device().attributes["MultiProcessorCount"]),
     )
     update.feat = cp.asarray(rng.normal(size=(rows, cfg.n_features - 2)).astype(np.float32))
     update.enqueue()

@@ -8,18 +8,16 @@
 //
 // Parameters live in the packed layout of mamba_forward.cuh (the inference kernels' layout,
 // A_log at BLK_A, the normalisation statistics 0 and 1: the trainer's windows are normalised
-// already). Gradients, Adam's moments and the per-sample partial gradients use the same layout,
-// so the optimiser is one elementwise pass over the buffer (padding holds zeros and stays so).
+// already). Gradients and Adam's moments use the same layout, so the optimiser is one
+// elementwise pass over the buffer (padding holds zeros and stays so).
 //
-// One update, in stream order (a CUDA graph):
-//   next_logits_kernel   (B, 2) blocks: online and target network on s' -> C51 logits
-//   backward_kernel      one block a multiprocessor (at most B), each taking samples b =
-//                        block, block + grid, ...: the forward on s (each layer's input and
-//                        state kept), the loss of the sample and its gradient at both heads,
-//                        then the backward pass; the block's samples' gradients summed into its
-//                        row of `partial` (grid, total), which stays in L2
-//   reduce_kernel        grad[j] = sum over the rows of partial[., j] in a fixed order, and
-//                        per block the sum of squares of its entries (float64)
+// An update (FusedUpdate.enqueue in train.py) runs the network over the whole batch at once:
+// every projection (embedding, in_proj, out_proj, the heads) and every weight gradient is one
+// matrix product over the batch's B * K rows (cuBLAS), every norm a row kernel here, and only
+// what runs along a window's steps (conv, scan, gated norm, their backward) a kernel with a
+// block a window. Then, in stream order:
+//   loss_kernel          a block a sample: the loss and its gradient at both heads' logits
+//   sumsq_kernel         per block of 256 entries the sum of squares of the gradient (float64)
 //   adam_kernel          global norm from those sums (fixed order), then, when finite, clip,
 //                        Adam and the target sync; a non-finite norm leaves everything as it is
 //   finish_kernel        counters (Adam steps, updates, skipped) and one stats record a update
@@ -47,26 +45,196 @@ struct TrainStats {
 #define TR_SKIPPED 2
 #define TR_RING 3
 
+// Threads a block of the row kernels (a warp a row).
+#define TR_ROW_THREADS 256
+#define TR_DV ((MF_D + 31) / 32)
+
 // ---------------------------------------------------------------------------------------------
-// The target's logits: blockIdx.y 0 = online network on s', 1 = target network on s', 2 (with
-// Munchausen) = target network on s.
+// The model inputs of the batch: X[b] = window of decision bar t[b] (K, F), blockIdx.y 0 = s
+// (t_obs, agent_obs -> x_obs), 1 = s' (t_next, agent_next -> x_next).
 
 extern "C" __global__ void __launch_bounds__(MF_THREADS)
-next_logits_kernel(const float* __restrict__ P_online, const float* __restrict__ P_target,
-                   const float* __restrict__ feat, const long long* __restrict__ t_next,
-                   const float* __restrict__ agent_next, const long long* __restrict__ t_obs,
-                   const float* __restrict__ agent_obs, float* __restrict__ q_online, float* __restrict__ q_target,
-                   float* __restrict__ q_target_now) {
+windows_kernel(const float* __restrict__ feat, const long long* __restrict__ t_obs,
+               const float* __restrict__ agent_obs, const long long* __restrict__ t_next,
+               const float* __restrict__ agent_next, float* __restrict__ x_obs, float* __restrict__ x_next) {
+    const int b = blockIdx.x;
+    const bool next = blockIdx.y == 1;
+    const size_t at = (size_t)b * MF_K * TR_AGENT;
+    tr_load_window(feat, next ? t_next[b] : t_obs[b], (next ? agent_next : agent_obs) + at,
+                   (next ? x_next : x_obs) + (size_t)b * MF_K * MF_F);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm of rows, a warp a row: x = a[i * a_every + a_first] (+ b[i]) (+ bias), written to h
+// when has_h; r[i] = 1 / rms(x); u[i] = x * r[i] * w. The residual stream's sums (embedding bias,
+// x + o W_out) land here, before the next block's norm.
+
+extern "C" __global__ void __launch_bounds__(TR_ROW_THREADS)
+norm_kernel(const float* __restrict__ a, int a_every, int a_first, const float* __restrict__ b, int has_b,
+            const float* __restrict__ bias, int has_bias, float* __restrict__ h, int has_h,
+            const float* __restrict__ w, float* __restrict__ u, float* __restrict__ r, int rows) {
+    const int i = blockIdx.x * (TR_ROW_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (i >= rows) return;
+    const float* ar = a + ((size_t)i * a_every + a_first) * MF_D;
+    float x[TR_DV];
+    float ss = 0.0f;
+#pragma unroll
+    for (int q = 0; q < TR_DV; ++q) {
+        const int k = q * 32 + lane;
+        float v = 0.0f;
+        if (k < MF_D) {
+            v = ar[k];
+            if (has_b) v += b[(size_t)i * MF_D + k];
+            if (has_bias) v += __ldg(bias + k);
+            if (has_h) h[(size_t)i * MF_D + k] = v;
+        }
+        x[q] = v;
+        ss += v * v;
+    }
+    const float inv = 1.0f / sqrtf(mf_warp_sum(ss) / (float)MF_D + MF_EPS);
+    if (lane == 0) r[i] = inv;
+#pragma unroll
+    for (int q = 0; q < TR_DV; ++q) {
+        const int k = q * 32 + lane;
+        if (k < MF_D) u[(size_t)i * MF_D + k] = x[q] * inv * __ldg(w + k);
+    }
+}
+
+// RMSNorm backward of rows, a warp a row: g = g1[i] (+ g2[i]), nhat = x[i] r[i];
+// gw_rows[i] = g nhat (the weight's gradient, summed over the rows outside);
+// gh[i] = res(i) + r[i] (g w - nhat mean(g w nhat)), res(i) = res[i] (res_mode 1), res[i / K]
+// in a window's last row and 0 elsewhere (res_mode 2: the last block's output is read at its last
+// step only), 0 (res_mode 0). gh may be res itself (res_mode 1: the residual stream in place).
+
+extern "C" __global__ void __launch_bounds__(TR_ROW_THREADS)
+norm_backward_kernel(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ g1,
+                     const float* __restrict__ g2, int has_g2, const float* __restrict__ w, const float* res,
+                     int res_mode, float* gh, float* __restrict__ gw_rows, int rows) {
+    const int i = blockIdx.x * (TR_ROW_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (i >= rows) return;
+    const float ri = r[i];
+    float g[TR_DV], nh[TR_DV];
+    float dot = 0.0f;
+#pragma unroll
+    for (int q = 0; q < TR_DV; ++q) {
+        const int k = q * 32 + lane;
+        g[q] = 0.0f;
+        nh[q] = 0.0f;
+        if (k < MF_D) {
+            const size_t at = (size_t)i * MF_D + k;
+            g[q] = g1[at] + (has_g2 ? g2[at] : 0.0f);
+            nh[q] = x[at] * ri;
+            gw_rows[at] = g[q] * nh[q];
+            dot += g[q] * __ldg(w + k) * nh[q];
+        }
+    }
+    dot = mf_warp_sum(dot) / (float)MF_D;
+    const bool last = i % MF_K == MF_K - 1;
+#pragma unroll
+    for (int q = 0; q < TR_DV; ++q) {
+        const int k = q * 32 + lane;
+        if (k < MF_D) {
+            const size_t at = (size_t)i * MF_D + k;
+            float base = 0.0f;
+            if (res_mode == 1) base = res[at];
+            if (res_mode == 2 && last) base = res[(size_t)(i / MF_K) * MF_D + k];
+            gh[at] = base + ri * (g[q] * __ldg(w + k) - nh[q] * dot);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A block's middle (tb_mid_forward), a block a window b: the in_proj output zx (B, K, IP) ->
+// o (B, K - t0, DI), the rows >= t0; with save, y and rg of those rows too (the backward's).
+
+__device__ __forceinline__ void tb_load(float* dst, const float* __restrict__ src, int n) {
+    for (int i = threadIdx.x; i < n; i += MF_THREADS) dst[i] = src[i];
+}
+
+extern "C" __global__ void __launch_bounds__(MF_THREADS)
+mid_forward_kernel(const float* __restrict__ P, int layer, const float* __restrict__ zx, float* __restrict__ o,
+                   int t0, int save, float* __restrict__ y_out, float* __restrict__ rg_out) {
     extern __shared__ __align__(16) float sm[];
-    const int b = blockIdx.x, y = blockIdx.y;
-    const float* P = y == 0 ? P_online : P_target;
-    mf_forward_begin(P, sm);
-    const long long t = y == 2 ? t_obs[b] : t_next[b];
-    const float* agent = (y == 2 ? agent_obs : agent_next) + (size_t)b * MF_K * TR_AGENT;
-    tr_load_window(feat, t, agent, sm + SM_ZX);
-    mf_forward(P, sm);
-    float* out = (y == 0 ? q_online : y == 1 ? q_target : q_target_now) + (size_t)b * MF_NQ;
-    for (int j = threadIdx.x; j < MF_NQ; j += MF_THREADS) out[j] = sm[SM_LOGITS + j];
+    const int b = blockIdx.x, rows = MF_K - t0;
+    const float* blk = P + OFF_BLOCKS + (size_t)layer * BLK_STRIDE;
+    tb_load(sm + TB_ZX, zx + (size_t)b * MF_K * MF_IP, MF_K * MF_IP);
+    __syncthreads();
+    tb_mid_forward(blk, sm, o + (size_t)b * rows * MF_DI, t0);
+    if (!save) return;
+    __syncthreads();
+    for (int i = threadIdx.x; i < rows * MF_DI; i += MF_THREADS) {
+        y_out[(size_t)b * rows * MF_DI + i] = sm[TB_Y + t0 * MF_DI + i];
+    }
+    for (int i = threadIdx.x; i < rows * MF_G; i += MF_THREADS) {
+        rg_out[(size_t)b * rows * MF_G + i] = sm[TB_RG + t0 * MF_G + i];
+    }
+}
+
+// Its backward (tb_mid_backward), a block a window: from zx, the saved y and rg and go (B,
+// K - t0, DI), the gradient at the in_proj output gzx (B, K, IP) and the window's gradients of
+// the block's small parameters, a row of gsmall (B, TB_SMALL) each.
+
+extern "C" __global__ void __launch_bounds__(MF_THREADS)
+mid_backward_kernel(const float* __restrict__ P, int layer, const float* __restrict__ zx,
+                    const float* __restrict__ y_in, const float* __restrict__ rg_in, const float* __restrict__ go,
+                    int t0, float* __restrict__ gzx, float* __restrict__ gsmall) {
+    extern __shared__ __align__(16) float sm[];
+    const int b = blockIdx.x, rows = MF_K - t0;
+    const float* blk = P + OFF_BLOCKS + (size_t)layer * BLK_STRIDE;
+    float* gs = gsmall + (size_t)b * TB_SMALL;
+    for (int i = threadIdx.x; i < TB_SMALL; i += MF_THREADS) gs[i] = 0.0f;
+    const float* in = zx + (size_t)b * MF_K * MF_IP;
+    for (int i = threadIdx.x; i < MF_K * MF_IP; i += MF_THREADS) {  // z | conv inputs, raw dt
+        const int t = i / MF_IP, c = i % MF_IP;
+        sm[c < MF_DI ? TB_Z + t * MF_DI + c : TB_XD + t * TB_LDXD + c - MF_DI] = in[i];
+    }
+    tb_load(sm + TB_Y + t0 * MF_DI, y_in + (size_t)b * rows * MF_DI, rows * MF_DI);
+    tb_load(sm + TB_RG + t0 * MF_G, rg_in + (size_t)b * rows * MF_G, rows * MF_G);
+    for (int i = threadIdx.x; i < MF_K * MF_DI; i += MF_THREADS) {
+        sm[TB_GO + i] = i < t0 * MF_DI ? 0.0f : go[(size_t)b * rows * MF_DI + i - t0 * MF_DI];
+    }
+    __syncthreads();
+    float* out = gzx + (size_t)b * MF_K * MF_IP;
+    tb_mid_backward(blk, gs, out, t0, sm);
+    for (int i = threadIdx.x; i < MF_K * TB_LDXD; i += MF_THREADS) {
+        const int t = i / TB_LDXD, c = i % TB_LDXD;
+        out[t * MF_IP + MF_DI + c] = sm[TB_XD + i];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loss, a block a sample b: the heads' logits (matrix products without their biases: q_s
+// and r_s of the online network at s, qn_online / qn_target at s', qt_now the target network at
+// s with Munchausen) -> the sample's losses (sample_stats) and the gradients at the logits gq, gr.
+
+extern "C" __global__ void __launch_bounds__(MF_THREADS)
+loss_kernel(const float* __restrict__ P, const float* __restrict__ P_target, const float* __restrict__ support,
+            const float* __restrict__ q_s, const float* __restrict__ r_s, const float* __restrict__ qn_online,
+            const float* __restrict__ qn_target, const float* __restrict__ qt_now, const int* __restrict__ action,
+            const float* __restrict__ reward, const float* __restrict__ discount, const double* __restrict__ label,
+            int munchausen, float m_alpha, float m_tau, float m_clip, float ret_weight, int batch,
+            float* __restrict__ gq, float* __restrict__ gr, float* __restrict__ sample_stats) {
+    extern __shared__ __align__(16) float sm[];
+    const int b = blockIdx.x;
+    float* qn = sm + TB_QN;  // online at s', target at s', target at s: MF_R4(MF_NQ) each
+    constexpr int QS = MF_R4(MF_NQ);
+    for (int j = threadIdx.x; j < MF_NQ; j += MF_THREADS) {
+        const size_t at = (size_t)b * MF_NQ + j;
+        sm[TB_HEAD + j] = q_s[at] + __ldg(P + OFF_Q_B + j);
+        qn[j] = qn_online[at] + __ldg(P + OFF_Q_B + j);
+        qn[QS + j] = qn_target[at] + __ldg(P_target + OFF_Q_B + j);
+        if (munchausen) qn[2 * QS + j] = qt_now[at] + __ldg(P_target + OFF_Q_B + j);
+    }
+    for (int j = threadIdx.x; j < MF_NR; j += MF_THREADS) {
+        sm[TB_HEAD + QS + j] = r_s[(size_t)b * MF_NR + j] + __ldg(P + OFF_R_B + j);
+    }
+    __syncthreads();
+    const Munch mu{munchausen, m_alpha, m_tau, m_clip, qn + 2 * QS};
+    tb_loss(support, qn, qn + QS, action[b], reward[b], discount[b], label[b], batch, ret_weight, mu, sm,
+            sample_stats + (size_t)b * 3);
+    __syncthreads();
+    for (int j = threadIdx.x; j < MF_NQ; j += MF_THREADS) gq[(size_t)b * MF_NQ + j] = sm[TB_GHEAD + j];
+    for (int j = threadIdx.x; j < MF_NR; j += MF_THREADS) gr[(size_t)b * MF_NR + j] = sm[TB_GHEAD + QS + j];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -101,152 +269,15 @@ act_kernel(const float* __restrict__ P, const float* __restrict__ support, const
     }
 }
 
-// G[k, j] += a[k] b[j] for k < MF_D, j < N (G global, row-major): each thread reads four of its
-// entries before it writes any, so that four loads are in flight instead of one.
-template <int N>
-__device__ __forceinline__ void tb_add_outer(float* __restrict__ G, const float* a, const float* b) {
-    constexpr int U = 4, n = MF_D * N;
-    for (int base = threadIdx.x; base < n; base += U * MF_THREADS) {
-        float g[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int i = base + u * MF_THREADS;
-            g[u] = i < n ? G[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int i = base + u * MF_THREADS;
-            if (i < n) G[i] = g[u] + a[i / N] * b[i % N];
-        }
-    }
-}
-
-// One sample's forward, loss and backward; its gradient is added to G (the block's row).
-__device__ void tb_sample(const float* __restrict__ P, const float* __restrict__ support,
-                          const float* __restrict__ feat, const long long* __restrict__ t_obs,
-                          const float* __restrict__ agent_obs, const int* __restrict__ action,
-                          const float* __restrict__ reward, const float* __restrict__ discount,
-                          const double* __restrict__ label, const float* __restrict__ q_online,
-                          const float* __restrict__ q_target, float ret_weight, const Munch& mu, int b,
-                          int batch, float* G, float* __restrict__ sample_stats, float* __restrict__ saved,
-                          float* sm) {
-    float* hs = sm + TB_HS;
-    tr_load_window(feat, t_obs[b], agent_obs + (size_t)b * MF_K * TR_AGENT, sm + TB_X);
-    __syncthreads();
-    mf_matmul<mf_tile(MF_D, MF_K)>(sm + TB_X, MF_F, MF_F, P + OFF_EMB_WT, MF_D, P + OFF_EMB_B, hs, MF_D, 0, MF_D, 0,
-                                   MF_K, false);
-    __syncthreads();
-    // The forward; every layer but the last leaves its state (TB_U .. TB_GH) in the sample's
-    // slice of `saved` for the backward, which reads it back instead of recomputing it.
-    float* keep = saved + (size_t)b * (MF_L - 1) * TB_STATE;
-    for (int l = 0; l < MF_L; ++l) {
-        const bool last = l == MF_L - 1;
-        float* out = last ? sm + TB_HF - (MF_K - 1) * MF_D : hs + (l + 1) * MF_K * MF_D;
-        tb_layer_forward(P, l, hs + l * MF_K * MF_D, out, last ? MF_K - 1 : 0, sm);
-        if (!last) {
-            tb_copy4(keep + (size_t)l * TB_STATE, sm + TB_U, TB_STATE);
-            __syncthreads();  // copied before the next layer overwrites the state
-        }
-    }
-    // Final norm of the last step and the heads.
-    float* feat_v = sm + TB_FEAT;
-    float* fhat = feat_v + MF_R4(MF_D);
-    float* gfeat = fhat + MF_R4(MF_D);
-    float* fr = gfeat + MF_R4(MF_D);
-    tr_rmsnorm_rows(sm + TB_HF, feat_v, fr, P + OFF_FINAL_NORM, 1);
-    __syncthreads();
-    for (int k = threadIdx.x; k < MF_D; k += MF_THREADS) fhat[k] = sm[TB_HF + k] * fr[0];
-    for (int j = threadIdx.x; j < MF_NQ + MF_NR; j += MF_THREADS) {
-        const bool q = j < MF_NQ;
-        const int jj = q ? j : j - MF_NQ;
-        const int n = q ? MF_NQ : MF_NR;
-        const float* Wt = P + (q ? OFF_Q_WT : OFF_R_WT);
-        float acc = __ldg(P + (q ? OFF_Q_B : OFF_R_B) + jj);
-        for (int k = 0; k < MF_D; ++k) acc += feat_v[k] * __ldg(Wt + k * n + jj);
-        sm[TB_HEAD + (q ? 0 : MF_R4(MF_NQ)) + jj] = acc;
-    }
-    __syncthreads();
-    Munch mub = mu;
-    mub.qt_now = mu.qt_now + (size_t)b * MF_NQ;
-    tb_loss(support, q_online + (size_t)b * MF_NQ, q_target + (size_t)b * MF_NQ, action[b], reward[b], discount[b],
-            label[b], batch, ret_weight, mub, sm, sample_stats + (size_t)b * 3);
-    __syncthreads();
-    // Heads' backward: weights, biases, gfeat; final norm.
-    const float* gq = sm + TB_GHEAD;
-    const float* gr = sm + TB_GHEAD + MF_R4(MF_NQ);
-    tb_add_outer<MF_NQ>(G + OFF_Q_WT, feat_v, gq);
-    tb_add_outer<MF_NR>(G + OFF_R_WT, feat_v, gr);
-    for (int j = threadIdx.x; j < MF_NQ; j += MF_THREADS) G[OFF_Q_B + j] += gq[j];
-    for (int j = threadIdx.x; j < MF_NR; j += MF_THREADS) G[OFF_R_B + j] += gr[j];
-    // gfeat: one warp a feature k, the lanes over the heads' outputs (coalesced weight rows).
-    for (int k = threadIdx.x >> 5; k < MF_D; k += MF_WARPS) {
-        const int lane = threadIdx.x & 31;
-        float acc = 0.0f;
-        for (int j = lane; j < MF_NQ; j += 32) acc += gq[j] * __ldg(P + OFF_Q_WT + k * MF_NQ + j);
-        for (int j = lane; j < MF_NR; j += 32) acc += gr[j] * __ldg(P + OFF_R_WT + k * MF_NR + j);
-        acc = mf_warp_sum(acc);
-        if (lane == 0) {
-            gfeat[k] = acc;
-            G[OFF_FINAL_NORM + k] += acc * fhat[k];
-        }
-    }
-    float* gh = sm + TB_GH;
-    for (int i = threadIdx.x; i < MF_K * MF_D; i += MF_THREADS) gh[i] = 0.0f;
-    __syncthreads();
-    tr_rmsnorm_backward_rows(sm + TB_HF, fr, gfeat, P + OFF_FINAL_NORM, gh + (MF_K - 1) * MF_D, 1, false);
-    __syncthreads();
-    for (int l = MF_L - 1; l >= 0; --l) {
-        if (l != MF_L - 1) {
-            tb_copy4(sm + TB_U, keep + (size_t)l * TB_STATE, TB_STATE);
-            __syncthreads();
-        }
-        tb_layer_backward(P, l, hs + l * MF_K * MF_D, G, l == MF_L - 1 ? MF_K - 1 : 0, sm);
-    }
-    // Embedding.
-    tr_mm_tn(sm + TB_X, MF_F, gh, MF_D, MF_K, G + OFF_EMB_WT, MF_D, MF_F, MF_D);
-    for (int k = threadIdx.x; k < MF_D; k += MF_THREADS) {
-        float acc = 0.0f;
-        for (int t = 0; t < MF_K; ++t) acc += gh[t * MF_D + k];
-        G[OFF_EMB_B + k] += acc;
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(MF_THREADS)
-backward_kernel(const float* __restrict__ P, const float* __restrict__ support, const float* __restrict__ feat,
-                const long long* __restrict__ t_obs, const float* __restrict__ agent_obs,
-                const int* __restrict__ action, const float* __restrict__ reward, const float* __restrict__ discount,
-                const double* __restrict__ label, const float* __restrict__ q_online, const float* __restrict__ q_target,
-                const float* __restrict__ q_target_now, int munchausen, float m_alpha, float m_tau,
-                float m_clip, float ret_weight, int batch, int total, float* __restrict__ partial,
-                float* __restrict__ sample_stats, float* __restrict__ saved) {
-    extern __shared__ __align__(16) float sm[];
-    const Munch mu{munchausen, m_alpha, m_tau, m_clip, q_target_now};
-    float* G = partial + (size_t)blockIdx.x * total;
-    for (int i = threadIdx.x; i < total; i += MF_THREADS) G[i] = 0.0f;
-    for (int b = blockIdx.x; b < batch; b += gridDim.x) {
-        __syncthreads();  // the previous sample's last reads of shared memory are done
-        tb_sample(P, support, feat, t_obs, agent_obs, action, reward, discount, label, q_online, q_target,
-                  ret_weight, mu, b, batch, G, sample_stats, saved, sm);
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
-// grad[j] = sum_r partial[r, j] (rows in order); sumsq[blockIdx.x] = sum over the block's j of
-// grad[j]^2 (float64, fixed tree). 256 threads a block.
+// sumsq[blockIdx.x] = sum over the block's 256 entries j of grad[j]^2 (float64, fixed tree).
 
 extern "C" __global__ void __launch_bounds__(256)
-reduce_kernel(const float* __restrict__ partial, int rows, int total, float* __restrict__ grad,
-              double* __restrict__ sumsq) {
+sumsq_kernel(const float* __restrict__ grad, int total, double* __restrict__ sumsq) {
     __shared__ double part[256];
     const int j = blockIdx.x * 256 + threadIdx.x;
-    double sq = 0.0;
-    if (j < total) {
-        float acc = 0.0f;
-        for (int r = 0; r < rows; ++r) acc += partial[(size_t)r * total + j];
-        grad[j] = acc;
-        sq = (double)acc * (double)acc;
-    }
-    part[threadIdx.x] = sq;
+    const double g = j < total ? (double)grad[j] : 0.0;
+    part[threadIdx.x] = g * g;
     __syncthreads();
     for (int w = 128; w > 0; w >>= 1) {
         if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
@@ -255,7 +286,7 @@ reduce_kernel(const float* __restrict__ partial, int rows, int total, float* __r
     if (threadIdx.x == 0) sumsq[blockIdx.x] = part[0];
 }
 
-// The global norm from the reduce blocks' sums (same order in every block), then clip, Adam
+// The global norm from the sumsq blocks' sums (same order in every block), then clip, Adam
 // and the target sync. target_mode: 0 none (the target is the online network), 1 Polyak, 2 hard
 // copy every hard_every updates. 256 threads a block.
 extern "C" __global__ void __launch_bounds__(256)

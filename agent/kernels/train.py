@@ -1,21 +1,25 @@
 """The trainer's kernels (``train.cu``): one learner update with no host synchronisation, and
 the acting forward of the rollouts.
 
-An update on a batch of B transitions is five launches in stream order, captured once per
-batch size as a CUDA graph by :class:`agent.train.cuda_learner.CudaLearner`:
+An update on a batch of B transitions is one stream of launches, captured once per batch size as
+a CUDA graph by :class:`agent.train.cuda_learner.CudaLearner` (:class:`FusedUpdate`): the
+network over the batch's B * K rows at once, for the online and target networks on s' and the
+online network on s, with the projections and every weight gradient as matrix products (cuBLAS)
+and these kernels between them:
 
-=====================  ==========  ==============================================================
-kernel                 grid        what
-=====================  ==========  ==============================================================
-``next_logits_kernel``  (B, 2)      online and target network on s' (C51 logits)
-``backward_kernel``    B           forward on s, the sample's loss and gradient at both heads,
-                                   the backward pass (activations recomputed layer by layer)
-                                   -> the sample's row of the partial gradients
-``reduce_kernel``      total/256   the batch's gradient (fixed summation order) and sums of
-                                   squares per block (float64)
-``adam_kernel``        total/256   global norm; when finite: clip, Adam, Polyak or hard sync
-``finish_kernel``      1 warp      counters and the update's record in the stats ring
-=====================  ==========  ==============================================================
+========================  ==========  ===========================================================
+kernel                    grid        what
+========================  ==========  ===========================================================
+``windows_kernel``        (B, 2)      the windows of s and s' from the fold's features
+``norm_kernel``           rows / 8    a block's pre-norm (or the final norm), the residual sum
+``mid_forward_kernel``    B           conv, dt, scan, gated norm of one window
+``loss_kernel``           B           the sample's losses and the gradient at the heads' logits
+``mid_backward_kernel``   B           their backward, the small parameters' gradients a row a window
+``norm_backward_kernel``  rows / 8    the norm's backward, the residual stream's gradient
+``sumsq_kernel``          total/256   sums of squares of the gradient per block (float64)
+``adam_kernel``           total/256   global norm; when finite: clip, Adam, Polyak or hard sync
+``finish_kernel``         1 warp      counters and the update's record in the stats ring
+========================  ==========  ===========================================================
 
 Parameters are the packed float32 buffer of :func:`agent.kernels.mamba_forward.pack_params`
 (the inference layout, with normalisation statistics 0 and 1: the trainer's windows are
@@ -34,6 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from agent.gpu.blas import StreamGemm
 from agent.kernels.mamba_forward import Variant, forward_layout, pack_params
 from agent.model.arrays import Params
 from agent.model.config import ModelConfig
@@ -89,90 +94,95 @@ class TrainLayout:
     total: int
     """Floats of the packed parameter buffer."""
     threads: int
-    forward_shared: int
-    """Dynamic shared memory of ``next_logits_kernel`` and ``act_kernel`` (bytes)."""
-    backward_shared: int
-    """Dynamic shared memory of ``backward_kernel`` (bytes)."""
-    state_floats: int
-    """Floats of one layer's forward state (TB_U .. TB_GH) that the backward keeps per sample."""
+    small: int
+    """Floats of a block's small parameters (``TB_SMALL``: conv, dt bias, A, D, gnorm weights)."""
+    shared: dict[str, int]
+    """Dynamic shared memory of each kernel that takes some (bytes)."""
     shared_limit: int
     """Shared memory a block may use (bytes) that the layout was made for."""
 
     @property
     def fits(self) -> bool:
-        """Whether the backward kernel's working set fits one block's shared memory."""
-        return self.backward_shared <= self.shared_limit - _STATIC_SHARED
+        """Whether every kernel's working set fits one block's shared memory."""
+        return max(self.shared.values()) <= self.shared_limit - _STATIC_SHARED
 
 
 @functools.cache
 def train_layout(cfg: ModelConfig, shared_limit: int = _MAX_SHARED) -> TrainLayout:
     """The layout for ``cfg`` (``n_features`` resolved) in ``shared_limit`` bytes of shared
-    memory a block (default: what a Hopper block may opt in to); the projections' weights are
-    staged in as many rows a chunk as the limit leaves room for."""
+    memory a block (default: what a Hopper block may opt in to)."""
     fwd = forward_layout(cfg)
-    k, f, d, layers = cfg.window, cfg.n_features, cfg.d_model, cfg.n_layers
+    k = cfg.window
     di, h, g, p = cfg.d_inner, cfg.n_heads, cfg.ngroups, cfg.headdim
     cd, ip = cfg.conv_dim, cfg.in_proj_dim
     nq, nr = cfg.n_actions * cfg.n_atoms, cfg.return_bins
-    sizes = {
-        "TB_X": k * f,
-        "TB_HS": layers * k * d,
-        "TB_HF": d,
-        "TB_U": k * d,
-        "TB_R": k,
+    loss = {
+        "TB_HEAD": _r4(nq) + _r4(nr),
+        "TB_GHEAD": _r4(nq) + _r4(nr),
+        "TB_TGT": cfg.n_atoms,
+        "TB_SCRATCH": (2 * cfg.n_actions + 1) * cfg.n_atoms,
+        "TB_QN": 3 * _r4(nq),
+    }
+    # The per-window kernels' regions, the forward's first (it allocates up to TB_GO). The
+    # backward sees the in_proj output's region as z (TB_Z, (K, Di)) then the other columns
+    # (TB_XD); TB_GX shares TB_Y's region (y is dead once the gated norm's backward is done,
+    # before the scan's backward first writes gx), and the scan's per-head scratch lives in TB_Z
+    # (dead by then too: gz goes straight to global memory) where it fits.
+    mid = {
         "TB_ZX": k * ip,
         "TB_XBC": k * cd,
         "TB_DT": k * h,
-        "TB_Y": k * di,
         "TB_RG": k * g,
-        "TB_GH": k * d,
+        "TB_Y": k * max(cd, di),
         "TB_GO": k * di,
-        "TB_GX": k * max(cd, di),
         "TB_GDT": k * h,
-        "TB_M": k * (k + 1),
-        "TB_GM": k * (k + 1),
-        "TB_GU": k * (p + 1),
-        "TB_XH": k * (p + 1),
-        "TB_GYH": k * (p + 1),
         "TB_CB": g * k * k,
         "TB_GCB": g * k * k,
         "TB_CUM": k * h,
         "TB_GCUM": k,
         "TB_GA": h,
-        "TB_HEAD": _r4(nq) + _r4(nr),
-        "TB_GHEAD": _r4(nq) + _r4(nr),
-        "TB_FEAT": 4 * _r4(d),
-        "TB_TGT": cfg.n_atoms,
-        "TB_SCRATCH": (2 * cfg.n_actions + 1) * cfg.n_atoms,
     }
+    scratch = {
+        "TB_M": k * (k + 1),
+        "TB_GM": k * (k + 1),
+        "TB_GU": k * (p + 1),
+        "TB_XH": k * (p + 1),
+        "TB_GYH": k * (p + 1),
+    }
+    # The loss kernel's regions and the per-window kernels' each start at 0: no kernel uses both.
     offsets: dict[str, int] = {}
-    pos = 0
-    for name, size in sizes.items():
-        offsets[name] = pos
-        pos += _r4(size)
-    # The projections' weights are staged in chunks of whole rows (a multiple of 4, so that every
-    # chunk starts 16-byte aligned): as large a region as the rest leaves, from 4 rows of the
-    # widest matrix (else the kernel does not fit) up to both matrices whole.
-    room = (shared_limit - _STATIC_SHARED) // 4 - pos
-    need = max(d * ip, di * d)
-    ws = max(min(need, room), 4 * max(ip, d))
-    offsets["TB_WS"] = pos
-    pos += _r4(ws)
-    chunks = {"TB_CH_WIN": min(d, ws // ip // 4 * 4), "TB_CH_WOUT": min(di, ws // d // 4 * 4)}
+    ends = []
+    for regions in (loss, mid):
+        pos = 0
+        for name, size in regions.items():
+            offsets[name] = pos
+            pos += _r4(size)
+        ends.append(pos)
+    offsets["TB_GX"] = offsets["TB_Y"]
+    offsets["TB_Z"] = offsets["TB_ZX"]
+    offsets["TB_XD"] = offsets["TB_ZX"] + k * di
+    at = offsets["TB_Z"] if sum(_r4(n) for n in scratch.values()) <= k * di else ends[1]
+    for name, size in scratch.items():
+        offsets[name] = at
+        at += _r4(size)
+    ends[1] = max(ends[1], at)
     options = (
         *fwd.options,
         *TRAIN.options(),
         f"-DMF_RET_MAX={float(cfg.return_max_ticks)!r}",
         *(f"-D{name}={value}" for name, value in offsets.items()),
-        *(f"-D{name}={value}" for name, value in chunks.items()),
     )
     return TrainLayout(
         options=options,
         total=fwd.total,
         threads=TRAIN.threads,
-        forward_shared=4 * fwd.shared_floats,
-        backward_shared=4 * pos,
-        state_floats=offsets["TB_GH"] - offsets["TB_U"],
+        small=fwd.offsets["BLK_WOUT_T"] - fwd.offsets["BLK_CONV_W"],
+        shared={
+            "act_kernel": 4 * fwd.shared_floats,
+            "loss_kernel": 4 * ends[0],
+            "mid_forward_kernel": 4 * offsets["TB_GO"],
+            "mid_backward_kernel": 4 * ends[1],
+        },
         shared_limit=shared_limit,
     )
 
@@ -267,18 +277,24 @@ def input_shape(name: str, batch: int, cfg: ModelConfig, n_agent: int = 2) -> tu
 
 
 class FusedUpdate:
-    """Device state of the fused learner and the launches of one update (any array module with
-    a kernel getter: CuPy and NVRTC in production, NumPy and the CPU emulation in the tests).
+    """Device state of the learner and the launches of one update (any array module with a
+    kernel getter: CuPy, cuBLAS and NVRTC in production, NumPy and the CPU emulation in the tests).
 
     Buffers (``xp`` arrays): ``params``, ``target`` (the packed online and target networks;
-    ``target`` is ``params`` itself when ``target_mode`` is 0), ``m``, ``v``, ``grad``,
-    ``partial`` (``blocks`` rows of ``total``: one a block of the backward kernel, which takes
-    one multiprocessor each and several samples; default one a sample), ``saved`` (each
-    sample's layer states), ``sumsq``, ``norm``, ``counters`` (int64, :data:`COUNTERS`),
-    ``ring`` (``ring_size`` records of :data:`STATS_DTYPE` as bytes), ``sample_stats`` (B, 3),
-    ``q_online``/``q_target`` (B, A * atoms). ``feat`` is the fold's normalised market
-    features (rows, F - 2) on the device; ``inputs`` the batch (:data:`INPUTS`). ``layout``:
-    the one the kernels were compiled with (default ``train_layout(cfg)``).
+    ``target`` is ``params`` itself when ``target_mode`` is 0), ``m``, ``v``, ``grad`` (the
+    batch's gradient, assembled in the packed layout), ``sumsq``, ``norm``, ``counters`` (int64,
+    :data:`COUNTERS`), ``ring`` (``ring_size`` records of :data:`STATS_DTYPE` as bytes),
+    ``sample_stats`` (B, 3), and the activations of the batch (below). ``feat`` is the fold's
+    normalised market features (rows, F - 2) on the device; ``inputs`` the batch
+    (:data:`INPUTS`). ``layout``: the one the kernels were compiled with (default
+    ``train_layout(cfg)``).
+
+    The network runs over the batch's B * K rows at once: the projections and the weight
+    gradients are matrix products (``xp.matmul`` into preallocated outputs: cuBLAS on the device,
+    deterministic), the norms row kernels, and what runs along a window's steps a kernel with a
+    block a window (``mid_forward_kernel``, ``mid_backward_kernel``). Sums over rows (biases,
+    norm weights, the small parameters' per-window gradients) are products with a row of ones.
+    Every entry of the gradient is written once an update; its padding is never written (zero).
     """
 
     def __init__(
@@ -291,11 +307,12 @@ class FusedUpdate:
         packed: npt.NDArray[np.float32],
         inputs: Mapping[str, Any],
         ring_size: int,
-        blocks: int | None = None,
         layout: TrainLayout | None = None,
     ) -> None:
         layout = layout or train_layout(cfg)
         self.cfg, self.settings, self.layout, self.xp, self._get = cfg, settings, layout, xp, get
+        for name, nbytes in layout.shared.items():
+            get(name).max_dynamic_shared_size_bytes = nbytes
         self.batch = int(inputs["t_obs"].shape[0])
         self.inputs = dict(inputs)
         total, batch = layout.total, self.batch
@@ -304,9 +321,6 @@ class FusedUpdate:
         self.m = xp.zeros(total, dtype=np.float32)
         self.v = xp.zeros(total, dtype=np.float32)
         self.grad = xp.zeros(total, dtype=np.float32)
-        self.blocks = min(batch, blocks or batch)
-        """Blocks of the backward kernel (one a multiprocessor), each summing its samples."""
-        self.partial = xp.zeros((self.blocks, total), dtype=np.float32)
         self.n_sums = -(-total // 256)
         self.sumsq = xp.zeros(self.n_sums, dtype=np.float64)
         self.norm = xp.zeros(1, dtype=np.float32)
@@ -314,14 +328,12 @@ class FusedUpdate:
         self.ring_size = ring_size
         self.ring = xp.zeros((ring_size, STATS_DTYPE.itemsize), dtype=np.uint8)
         self.sample_stats = xp.zeros((batch, 3), dtype=np.float32)
-        self.saved = xp.zeros((batch, max(1, cfg.n_layers - 1), layout.state_floats), dtype=np.float32)
-        """Each layer's forward state but the last's, per sample (the backward reads it back)."""
-        nq = cfg.n_actions * cfg.n_atoms
-        self.q_online = xp.zeros((batch, nq), dtype=np.float32)
-        self.q_target = xp.zeros((batch, nq), dtype=np.float32)
-        self.q_target_now = xp.zeros((batch if settings.munchausen else 1, nq), dtype=np.float32)
         self.support = xp.linspace(cfg.v_min, cfg.v_max, cfg.n_atoms, dtype=np.float32)
         self.feat: Any = xp.zeros((1, cfg.n_features - 2), dtype=np.float32)
+        sides = 3 if settings.munchausen else 2
+        self._acts = _Activations(cfg, batch, layout.small, sides, xp)
+        self._mm = _matmul(xp)
+        self._lanes = _Lanes(xp, sides)
 
     def reset_optimizer(self) -> None:
         """Fresh Adam moments and step count; the target synced to the online network."""
@@ -331,61 +343,262 @@ class FusedUpdate:
         if self.target is not self.params:
             self.target[...] = self.params
 
+    # views of the packed buffers ------------------------------------------------------------
+
+    def _mat(self, buf: Any, name: str, rows: int, cols: int, layer: int | None = None) -> Any:
+        """The (rows, cols) matrix at offset ``name`` (of block ``layer`` for a ``BLK_*`` name)
+        of a packed buffer, as a view."""
+        off = forward_layout(self.cfg).offsets
+        at = off[name] + (0 if layer is None else off["OFF_BLOCKS"] + layer * off["BLK_STRIDE"])
+        return buf[at : at + rows * cols].reshape(rows, cols)
+
+    def _vec(self, buf: Any, name: str, n: int, layer: int | None = None) -> Any:
+        """The (1, n) row at offset ``name`` of a packed buffer (a view)."""
+        return self._mat(buf, name, 1, n, layer)
+
+    # the network over the batch ---------------------------------------------------------------
+
+    def _rows(self, fn: str, rows: int, args: tuple[Any, ...]) -> None:
+        warps = _ROW_THREADS // 32
+        self._get(fn)((-(-rows // warps),), (_ROW_THREADS,), args)
+
+    def _norm(
+        self,
+        a: Any,
+        w: Any,
+        out: tuple[Any, Any],
+        rows: int,
+        *,
+        every: int = 1,
+        first: int = 0,
+        add: Any | None = None,
+        bias: Any | None = None,
+        h: Any | None = None,
+    ) -> None:
+        """``norm_kernel`` on ``rows`` rows: x = a[i * every + first] (+ add[i]) (+ bias), kept
+        in ``h`` when given; ``out`` = (u, r)."""
+        dummy = self._acts.dummy
+        self._rows(
+            "norm_kernel",
+            rows,
+            (
+                a,
+                np.int32(every),
+                np.int32(first),
+                dummy if add is None else add,
+                np.int32(add is not None),
+                dummy if bias is None else bias,
+                np.int32(bias is not None),
+                dummy if h is None else h,
+                np.int32(h is not None),
+                w,
+                *out,
+                np.int32(rows),
+            ),
+        )
+
+    def _forward(
+        self,
+        P: Any,
+        x: Any,
+        q_out: Any,
+        r_out: Any | None,
+        *,
+        acts: _Pass,
+        mm: Callable[[Any, Any, Any], None],
+    ) -> None:
+        """The network ``P`` on the windows ``x`` (B * K, F) into the pass buffers ``acts``, with
+        products ``mm``: the heads' logits without their biases into ``q_out`` (and ``r_out``);
+        ``acts`` keeps y and rg when it is the pass the backward reads."""
+        cfg, save = self.cfg, acts is self._acts.main
+        k, d, di, ip, f = cfg.window, cfg.d_model, cfg.d_inner, cfg.in_proj_dim, cfg.n_features
+        b, rows = self.batch, self.batch * cfg.window
+        mm(x, self._mat(P, "OFF_EMB_WT", f, d), acts.tmp)
+        self._norm(
+            acts.tmp,
+            self._vec(P, "BLK_NORM", d, 0),
+            (acts.u[0], acts.r[0]),
+            rows,
+            bias=self._vec(P, "OFF_EMB_B", d),
+            h=acts.h[0],
+        )
+        for layer in range(cfg.n_layers):
+            last = layer == cfg.n_layers - 1
+            t0 = k - 1 if last else 0
+            mm(acts.u[layer], self._mat(P, "BLK_WIN_T", d, ip, layer), acts.zx[layer])
+            self._get("mid_forward_kernel")(
+                (b,),
+                (self.layout.threads,),
+                (
+                    P,
+                    np.int32(layer),
+                    acts.zx[layer],
+                    acts.o[layer],
+                    np.int32(t0),
+                    np.int32(save),
+                    acts.y[layer],
+                    acts.rg[layer],
+                ),
+                shared_mem=self.layout.shared["mid_forward_kernel"],
+            )
+            out_rows = acts.o[layer].shape[0]
+            mm(acts.o[layer], self._mat(P, "BLK_WOUT_T", di, d, layer), acts.tmp[:out_rows])
+            if last:
+                self._norm(
+                    acts.h[layer],
+                    self._vec(P, "OFF_FINAL_NORM", d),
+                    (acts.feat, acts.rf),
+                    b,
+                    every=k,
+                    first=k - 1,
+                    add=acts.tmp[:b],
+                    h=acts.hf,
+                )
+            else:
+                self._norm(
+                    acts.h[layer],
+                    self._vec(P, "BLK_NORM", d, layer + 1),
+                    (acts.u[layer + 1], acts.r[layer + 1]),
+                    rows,
+                    add=acts.tmp,
+                    h=acts.h[layer + 1],
+                )
+        nq, nr = cfg.n_actions * cfg.n_atoms, cfg.return_bins
+        mm(acts.feat, self._mat(P, "OFF_Q_WT", d, nq), q_out)
+        if r_out is not None:
+            mm(acts.feat, self._mat(P, "OFF_R_WT", d, nr), r_out)
+
+    def _backward(self) -> None:
+        """The gradient of the loss (``gq``, ``gr`` at the heads' logits, the activations of the
+        last saving forward) into ``grad``."""
+        cfg, acts, mm, P, G = self.cfg, self._acts, self._mm, self.params, self.grad
+        fp = acts.main
+        k, d, di, ip, f = cfg.window, cfg.d_model, cfg.d_inner, cfg.in_proj_dim, cfg.n_features
+        nq, nr = cfg.n_actions * cfg.n_atoms, cfg.return_bins
+        b, rows = self.batch, self.batch * cfg.window
+        ones_b, ones = acts.ones_b, acts.ones
+        # Heads and the final norm.
+        mm(fp.feat.T, acts.gq, self._mat(G, "OFF_Q_WT", d, nq))
+        mm(ones_b, acts.gq, self._vec(G, "OFF_Q_B", nq))
+        mm(fp.feat.T, acts.gr, self._mat(G, "OFF_R_WT", d, nr))
+        mm(ones_b, acts.gr, self._vec(G, "OFF_R_B", nr))
+        mm(acts.gq, self._mat(P, "OFF_Q_WT", d, nq).T, acts.gfeat_q)
+        mm(acts.gr, self._mat(P, "OFF_R_WT", d, nr).T, acts.gfeat_r)
+        self._rows(
+            "norm_backward_kernel",
+            b,
+            (
+                fp.hf,
+                fp.rf,
+                acts.gfeat_q,
+                acts.gfeat_r,
+                np.int32(1),
+                self._vec(P, "OFF_FINAL_NORM", d),
+                acts.dummy,
+                np.int32(0),
+                acts.ghf,
+                acts.gnw,
+                np.int32(b),
+            ),
+        )
+        mm(ones_b, acts.gnw[:b], self._vec(G, "OFF_FINAL_NORM", d))
+        for layer in reversed(range(cfg.n_layers)):
+            last = layer == cfg.n_layers - 1
+            t0 = k - 1 if last else 0
+            gout = acts.ghf if last else acts.gh
+            go = acts.go[: gout.shape[0]]
+            mm(fp.o[layer].T, gout, self._mat(G, "BLK_WOUT_T", di, d, layer))
+            mm(gout, self._mat(P, "BLK_WOUT_T", di, d, layer).T, go)
+            self._get("mid_backward_kernel")(
+                (b,),
+                (self.layout.threads,),
+                (
+                    P,
+                    np.int32(layer),
+                    fp.zx[layer],
+                    fp.y[layer],
+                    fp.rg[layer],
+                    go,
+                    np.int32(t0),
+                    acts.gzx,
+                    acts.gsmall,
+                ),
+                shared_mem=self.layout.shared["mid_backward_kernel"],
+            )
+            mm(ones_b, acts.gsmall, self._vec(G, "BLK_CONV_W", self.layout.small, layer))
+            mm(fp.u[layer].T, acts.gzx, self._mat(G, "BLK_WIN_T", d, ip, layer))
+            mm(acts.gzx, self._mat(P, "BLK_WIN_T", d, ip, layer).T, acts.gu)
+            self._rows(
+                "norm_backward_kernel",
+                rows,
+                (
+                    fp.h[layer],
+                    fp.r[layer],
+                    acts.gu,
+                    acts.dummy,
+                    np.int32(0),
+                    self._vec(P, "BLK_NORM", d, layer),
+                    gout,
+                    np.int32(2 if last else 1),
+                    acts.gh,
+                    acts.gnw,
+                    np.int32(rows),
+                ),
+            )
+            mm(ones, acts.gnw, self._vec(G, "BLK_NORM", d, layer))
+        mm(acts.x_obs.T, acts.gh, self._mat(G, "OFF_EMB_WT", f, d))
+        mm(ones, acts.gh, self._vec(G, "OFF_EMB_B", d))
+
     def enqueue(self) -> None:
         """Launch one update on the current stream (the batch already in ``inputs``)."""
-        lay, b, s = self.layout, self.batch, self.settings
+        lay, b, s, acts = self.layout, self.batch, self.settings, self._acts
         i = self.inputs
-        self._get("next_logits_kernel")(
-            (b, 3 if s.munchausen else 2),
+        self._get("windows_kernel")(
+            (b, 2),
+            (lay.threads,),
+            (self.feat, i["t_obs"], i["agent_obs"], i["t_next"], i["agent_next"], acts.x_obs, acts.x_next),
+        )
+        # The next-state passes (online and target networks on s', and the target on s with
+        # Munchausen) beside the forward on s.
+        side = [(self.params, acts.x_next, acts.qn_online), (self.target, acts.x_next, acts.qn_target)]
+        if s.munchausen:
+            side.append((self.target, acts.x_obs, acts.qt_now))
+        self._lanes.fork()
+        for lane, scratch, (P, x, out) in zip(self._lanes.side, acts.side, side, strict=True):
+            with lane:
+                self._forward(P, x, out, None, acts=scratch, mm=lane.mm)
+        self._forward(self.params, acts.x_obs, acts.q_s, acts.r_s, acts=acts.main, mm=self._mm)
+        self._lanes.join()
+        self._get("loss_kernel")(
+            (b,),
             (lay.threads,),
             (
                 self.params,
                 self.target,
-                self.feat,
-                i["t_next"],
-                i["agent_next"],
-                i["t_obs"],
-                i["agent_obs"],
-                self.q_online,
-                self.q_target,
-                self.q_target_now,
-            ),
-            shared_mem=lay.forward_shared,
-        )
-        self._get("backward_kernel")(
-            (self.blocks,),
-            (lay.threads,),
-            (
-                self.params,
                 self.support,
-                self.feat,
-                i["t_obs"],
-                i["agent_obs"],
+                acts.q_s,
+                acts.r_s,
+                acts.qn_online,
+                acts.qn_target,
+                acts.qt_now,
                 i["action"],
                 i["reward"],
                 i["discount"],
                 i["label"],
-                self.q_online,
-                self.q_target,
-                self.q_target_now,
                 np.int32(s.munchausen),
                 np.float32(s.m_alpha),
                 np.float32(s.m_tau),
                 np.float32(s.m_clip),
                 np.float32(s.ret_weight),
                 np.int32(b),
-                np.int32(lay.total),
-                self.partial,
+                acts.gq,
+                acts.gr,
                 self.sample_stats,
-                self.saved,
             ),
-            shared_mem=lay.backward_shared,
+            shared_mem=lay.shared["loss_kernel"],
         )
-        self._get("reduce_kernel")(
-            (self.n_sums,),
-            (256,),
-            (self.partial, np.int32(self.blocks), np.int32(lay.total), self.grad, self.sumsq),
-        )
+        self._backward()
+        self._get("sumsq_kernel")((self.n_sums,), (256,), (self.grad, np.int32(lay.total), self.sumsq))
         self._get("adam_kernel")(
             (self.n_sums,),
             (256,),
@@ -440,8 +653,128 @@ class FusedUpdate:
                     action,
                     q,
                 ),
-                shared_mem=lay.forward_shared,
+                shared_mem=lay.shared["act_kernel"],
             )
+
+
+_ROW_THREADS = 256
+"""Threads a block of the row kernels (``TR_ROW_THREADS``: a warp a row)."""
+
+
+def _matmul(xp: Any) -> Callable[[Any, Any, Any], None]:
+    """``mm(a, b, out)``: out = a @ b into the preallocated C-contiguous ``out`` (a and b C- or
+    F-contiguous: transposed views are read as they lie). On the device one cuBLAS sgemm on the
+    stream current now, with no allocation and valid inside a capture
+    (:class:`agent.gpu.blas.StreamGemm`)."""
+    if xp is np:
+
+        def host(a: Any, b: Any, out: Any) -> None:
+            np.matmul(a, b, out=out)
+
+        return host
+    return StreamGemm()
+
+
+class _Pass:
+    """One forward pass's activations (B windows of K rows; the last block keeps only its last
+    step past the middle). ``y`` and ``rg`` are kept by the pass the backward reads (``save``)."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, xp: Any, *, save: bool) -> None:
+        k, d, di, ip = cfg.window, cfg.d_model, cfg.d_inner, cfg.in_proj_dim
+        rows = batch * k
+
+        def z(*shape: int) -> Any:
+            return xp.zeros(shape, dtype=np.float32)
+
+        self.tmp = z(rows, d)
+        """Projections' outputs before they join the residual stream (embedding, out_proj)."""
+        layers = range(cfg.n_layers)
+        self.h = [z(rows, d) for _ in layers]
+        """Each block's input (the residual stream)."""
+        self.u = [z(rows, d) for _ in layers]
+        self.r = [z(rows) for _ in layers]
+        self.zx = [z(rows, ip) for _ in layers]
+        kept = [rows if i < cfg.n_layers - 1 else batch for i in layers]
+        self.o = [z(n, di) for n in kept]
+        self.y = [z(n if save else 1, di) for n in kept]
+        self.rg = [z(n if save else 1, cfg.ngroups) for n in kept]
+        self.hf, self.feat, self.rf = z(batch, d), z(batch, d), z(batch)
+
+
+class _Activations:
+    """The batch's activations an update writes and reads: the forward on s (``main``, kept for
+    the backward), the next-state passes' (``side``, one each: they run concurrently), the
+    heads' outputs and the backward's gradients."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, small: int, sides: int, xp: Any) -> None:
+        k, d, di, ip, f = cfg.window, cfg.d_model, cfg.d_inner, cfg.in_proj_dim, cfg.n_features
+        nq, nr = cfg.n_actions * cfg.n_atoms, cfg.return_bins
+        rows = batch * k
+
+        def z(*shape: int) -> Any:
+            return xp.zeros(shape, dtype=np.float32)
+
+        self.dummy = z(4)
+        self.ones = xp.ones((1, rows), dtype=np.float32)
+        self.ones_b = xp.ones((1, batch), dtype=np.float32)
+        self.x_obs, self.x_next = z(rows, f), z(rows, f)
+        self.main = _Pass(cfg, batch, xp, save=True)
+        self.side = [_Pass(cfg, batch, xp, save=False) for _ in range(sides)]
+        self.q_s, self.r_s = z(batch, nq), z(batch, nr)
+        self.qn_online, self.qn_target, self.qt_now = z(batch, nq), z(batch, nq), z(batch, nq)
+        self.gq, self.gr = z(batch, nq), z(batch, nr)
+        self.gfeat_q, self.gfeat_r, self.ghf = z(batch, d), z(batch, d), z(batch, d)
+        self.gh, self.gu, self.gnw = z(rows, d), z(rows, d), z(rows, d)
+        self.go = z(rows, di)
+        self.gzx = z(rows, ip)
+        self.gsmall = z(batch, small)
+
+
+class _Lane:
+    """A stream beside the update's own, with its products (device); on the host, in order."""
+
+    def __init__(self, stream: Any, mm: Callable[[Any, Any, Any], None]) -> None:
+        self.stream, self.mm = stream, mm
+
+    def __enter__(self) -> None:
+        if self.stream is not None:
+            self.stream.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stream is not None:
+            self.stream.__exit__(*exc)
+
+
+class _Lanes:
+    """The next-state passes' lanes: on the device a stream each, forked from the stream current
+    at construction after the windows are built and joined back before the loss, so that the
+    passes run beside each other and beside the forward on s (a captured graph keeps the
+    fork and the join as edges); on the host they run in order."""
+
+    def __init__(self, xp: Any, n: int) -> None:
+        if xp is np:
+            self.side = [_Lane(None, _matmul(xp)) for _ in range(n)]
+            self._main = None
+            return
+        streams = [xp.cuda.Stream(non_blocking=True) for _ in range(n)]
+        self.side = [_Lane(stream, StreamGemm(stream)) for stream in streams]
+        self._main = xp.cuda.get_current_stream()
+        self._forked = xp.cuda.Event(disable_timing=True)
+        self._done = [xp.cuda.Event(disable_timing=True) for _ in range(n)]
+
+    def fork(self) -> None:
+        if self._main is None:
+            return
+        self._forked.record(self._main)
+        for lane in self.side:
+            lane.stream.wait_event(self._forked)
+
+    def join(self) -> None:
+        if self._main is None:
+            return
+        for lane, done in zip(self.side, self._done, strict=True):
+            done.record(lane.stream)
+            self._main.wait_event(done)
 
 
 def update_ref(

@@ -57,8 +57,9 @@ _TARGET_MODES = {"none": 0, "polyak": 1, "hard": 2}
 
 
 def fused_fits(model: ModelConfig) -> bool:
-    """Whether the fused kernels can train ``model`` (its backward working set fits a block's
-    shared memory); otherwise the generic array code trains it on the device."""
+    """Whether the fused kernels can train ``model`` (a window's working set in the per-window
+    kernels fits a block's shared memory); otherwise the generic array code trains it on the
+    device."""
     return train_layout(model).fits
 
 
@@ -72,14 +73,7 @@ class CudaLearner:
     def __init__(self, model: ModelConfig, config: TrainConfig, params: Params, *, seed: int) -> None:
         self.model, self.config, self.seed = model, config, seed
         cp = self._cp = cupy()
-        layout = train_layout(model)
-        self._options = layout.options
-        for name, shared in (
-            ("next_logits_kernel", layout.forward_shared),
-            ("act_kernel", layout.forward_shared),
-            ("backward_kernel", layout.backward_shared),
-        ):
-            self._get(name).max_dynamic_shared_size_bytes = shared
+        self._options = train_layout(model).options
         self.stream = cp.cuda.Stream(non_blocking=True)
         batch = config.batch_size
         self._io: list[dict[str, MappedArray]] = [
@@ -116,7 +110,6 @@ class CudaLearner:
                 packed=pack_train(host_params, model),
                 inputs={name: buf.device for name, buf in self._io[0].items()},
                 ring_size=ring,
-                blocks=int(cp.cuda.Device().attributes["MultiProcessorCount"]),
             )
         n_envs, n_agent = config.n_envs, len(AGENT_FEATURES)
         self._act_in = {
@@ -313,8 +306,8 @@ def select_learner(
         return CudaLearner(model, config, params, seed=seed)
     if cuda:
         log.warning(
-            "the model's backward working set (%d KiB) exceeds a block's shared memory: training "
+            "the model's per-window working set (%d KiB) exceeds a block's shared memory: training "
             "with the array code on the device, not the fused kernels",
-            train_layout(model).backward_shared // 1024,
+            max(train_layout(model).shared.values()) // 1024,
         )
     return Learner(model, config, params, seed=seed)

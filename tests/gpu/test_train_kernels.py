@@ -46,12 +46,7 @@ def test_fused_update_on_the_device_matches_the_chain(
     layout = train_layout(cfg)
 
     def get(name: str) -> object:
-        fn = kernel("train.cu", name, options=layout.options)
-        if name in ("next_logits_kernel", "backward_kernel"):
-            fn.max_dynamic_shared_size_bytes = (
-                layout.backward_shared if name == "backward_kernel" else layout.forward_shared
-            )
-        return fn
+        return kernel("train.cu", name, options=layout.options)
 
     update = FusedUpdate(
         cfg,
@@ -61,7 +56,6 @@ def test_fused_update_on_the_device_matches_the_chain(
         packed=pack_params(case["params"], cfg, np.zeros(cfg.n_features), np.ones(cfg.n_features)),
         inputs={k: cp.asarray(v) for k, v in case["inputs"].items()},
         ring_size=4,
-        blocks=5,  # blocks take several samples each
     )
     update.target[...] = cp.asarray(
         pack_params(case["target"], cfg, np.zeros(cfg.n_features), np.ones(cfg.n_features))
