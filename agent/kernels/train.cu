@@ -147,9 +147,24 @@ norm_backward_kernel(const float* __restrict__ x, const float* __restrict__ r, c
 // A block's middle (tb_mid_forward), a block a window b: the in_proj output zx (B, K, IP) ->
 // o (B, K - t0, DI), the rows >= t0; with save, y and rg of those rows too (the backward's).
 
+// dst[i] = src[i] for i < n, global to shared memory: as float4 when VEC (n and both addresses
+// multiples of 4 floats), the loads unrolled so that several are in flight at once.
+template <bool VEC>
 __device__ __forceinline__ void tb_load(float* dst, const float* __restrict__ src, int n) {
-    for (int i = threadIdx.x; i < n; i += MF_THREADS) dst[i] = src[i];
+    if constexpr (VEC) {
+        const float4* s4 = reinterpret_cast<const float4*>(src);
+        float4* d4 = reinterpret_cast<float4*>(dst);
+#pragma unroll 4
+        for (int i = threadIdx.x; i < n / 4; i += MF_THREADS) d4[i] = __ldg(s4 + i);
+    } else {
+#pragma unroll 4
+        for (int i = threadIdx.x; i < n; i += MF_THREADS) dst[i] = __ldg(src + i);
+    }
 }
+
+// Row widths that keep a window's rows, and every window, 16-byte aligned.
+#define TB_VEC_IP (MF_IP % 4 == 0)
+#define TB_VEC_DI (MF_DI % 4 == 0)
 
 extern "C" __global__ void __launch_bounds__(MF_THREADS)
 mid_forward_kernel(const float* __restrict__ P, int layer, const float* __restrict__ zx, float* __restrict__ o,
@@ -157,7 +172,7 @@ mid_forward_kernel(const float* __restrict__ P, int layer, const float* __restri
     extern __shared__ __align__(16) float sm[];
     const int b = blockIdx.x, rows = MF_K - t0;
     const float* blk = P + OFF_BLOCKS + (size_t)layer * BLK_STRIDE;
-    tb_load(sm + TB_ZX, zx + (size_t)b * MF_K * MF_IP, MF_K * MF_IP);
+    tb_load<TB_VEC_IP>(sm + TB_ZX, zx + (size_t)b * MF_K * MF_IP, MF_K * MF_IP);
     __syncthreads();
     tb_mid_forward(blk, sm, o + (size_t)b * rows * MF_DI, t0);
     if (!save) return;
@@ -184,15 +199,23 @@ mid_backward_kernel(const float* __restrict__ P, int layer, const float* __restr
     float* gs = gsmall + (size_t)b * TB_SMALL;
     for (int i = threadIdx.x; i < TB_SMALL; i += MF_THREADS) gs[i] = 0.0f;
     const float* in = zx + (size_t)b * MF_K * MF_IP;
-    for (int i = threadIdx.x; i < MF_K * MF_IP; i += MF_THREADS) {  // z | conv inputs, raw dt
-        const int t = i / MF_IP, c = i % MF_IP;
-        sm[c < MF_DI ? TB_Z + t * MF_DI + c : TB_XD + t * TB_LDXD + c - MF_DI] = in[i];
+    if constexpr (TB_VEC_IP && TB_VEC_DI) {  // z | conv inputs, raw dt: four columns at a time
+#pragma unroll 4
+        for (int i = threadIdx.x; i < MF_K * MF_IP / 4; i += MF_THREADS) {
+            const int t = 4 * i / MF_IP, c = 4 * i % MF_IP;
+            *reinterpret_cast<float4*>(sm + (c < MF_DI ? TB_Z + t * MF_DI + c : TB_XD + t * TB_LDXD + c - MF_DI)) =
+                __ldg(reinterpret_cast<const float4*>(in) + i);
+        }
+    } else {
+        for (int i = threadIdx.x; i < MF_K * MF_IP; i += MF_THREADS) {
+            const int t = i / MF_IP, c = i % MF_IP;
+            sm[c < MF_DI ? TB_Z + t * MF_DI + c : TB_XD + t * TB_LDXD + c - MF_DI] = __ldg(in + i);
+        }
     }
-    tb_load(sm + TB_Y + t0 * MF_DI, y_in + (size_t)b * rows * MF_DI, rows * MF_DI);
-    tb_load(sm + TB_RG + t0 * MF_G, rg_in + (size_t)b * rows * MF_G, rows * MF_G);
-    for (int i = threadIdx.x; i < MF_K * MF_DI; i += MF_THREADS) {
-        sm[TB_GO + i] = i < t0 * MF_DI ? 0.0f : go[(size_t)b * rows * MF_DI + i - t0 * MF_DI];
-    }
+    tb_load<TB_VEC_DI>(sm + TB_Y + t0 * MF_DI, y_in + (size_t)b * rows * MF_DI, rows * MF_DI);
+    tb_load<false>(sm + TB_RG + t0 * MF_G, rg_in + (size_t)b * rows * MF_G, rows * MF_G);
+    for (int i = threadIdx.x; i < t0 * MF_DI; i += MF_THREADS) sm[TB_GO + i] = 0.0f;
+    tb_load<TB_VEC_DI>(sm + TB_GO + t0 * MF_DI, go + (size_t)b * rows * MF_DI, rows * MF_DI);
     __syncthreads();
     float* out = gzx + (size_t)b * MF_K * MF_IP;
     tb_mid_backward(blk, gs, out, t0, sm);
