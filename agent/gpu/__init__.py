@@ -2,6 +2,5 @@
 
 Modules: :mod:`agent.gpu.backend` (device selection), :mod:`agent.gpu.engine`
 (:class:`~agent.gpu.engine.InferenceEngine`), :mod:`agent.gpu.pinned` (mapped host buffers),
-:mod:`agent.gpu.blas` (cuBLAS products on a stream, valid inside a graph capture),
 :mod:`agent.gpu.errors`. Nothing here imports CuPy until a CUDA device is asked for.
 """

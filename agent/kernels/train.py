@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agent.gpu.blas import StreamGemm
+from agent.kernels.blas import StreamGemm
 from agent.kernels.mamba_forward import Variant, forward_layout, pack_params
 from agent.model.arrays import Params
 from agent.model.config import ModelConfig
@@ -665,7 +665,7 @@ def _matmul(xp: Any) -> Callable[[Any, Any, Any], None]:
     """``mm(a, b, out)``: out = a @ b into the preallocated C-contiguous ``out`` (a and b C- or
     F-contiguous: transposed views are read as they lie). On the device one cuBLAS sgemm on the
     stream current now, with no allocation and valid inside a capture
-    (:class:`agent.gpu.blas.StreamGemm`)."""
+    (:class:`agent.kernels.blas.StreamGemm`)."""
     if xp is np:
 
         def host(a: Any, b: Any, out: Any) -> None:

@@ -18,7 +18,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from agent.gpu.errors import GpuError
+from agent.kernels.errors import BlasError
 from agent.kernels.loader import cupy
 
 __all__ = ["StreamGemm"]
@@ -35,7 +35,7 @@ def _libcublas() -> ctypes.CDLL:
     maps = Path("/proc/self/maps")
     paths = {line.split()[-1] for line in maps.read_text().splitlines() if "/libcublas.so" in line}
     if len(paths) != 1:
-        raise GpuError(f"cannot find the one libcublas CuPy loaded (found {sorted(paths) or 'none'})")
+        raise BlasError(f"cannot find the one libcublas CuPy loaded (found {sorted(paths) or 'none'})")
     lib = ctypes.CDLL(paths.pop())
     lib.cublasSgemm_v2.argtypes = [
         ctypes.c_void_p,
@@ -58,7 +58,7 @@ def _libcublas() -> ctypes.CDLL:
 
 def _check(status: int, what: str) -> None:
     if status != 0:
-        raise GpuError(f"cuBLAS {what} failed with status {status}")
+        raise BlasError(f"cuBLAS {what} failed with status {status}")
 
 
 class StreamGemm:
@@ -89,9 +89,9 @@ class StreamGemm:
         m, k = a.shape
         n = b.shape[1]
         if b.shape[0] != k or out.shape != (m, n) or not out.flags.c_contiguous:
-            raise GpuError(f"gemm shapes {a.shape} @ {b.shape} -> {out.shape} (C-contiguous) do not match")
+            raise BlasError(f"gemm shapes {a.shape} @ {b.shape} -> {out.shape} (C-contiguous) do not match")
         if not all(x.flags.c_contiguous or x.flags.f_contiguous for x in (a, b)):
-            raise GpuError("gemm operands must be C- or F-contiguous")
+            raise BlasError("gemm operands must be C- or F-contiguous")
         # Row-major out = a b is column-major out^T = b^T a^T: a C-contiguous (r, c) matrix is its
         # transpose column-major (leading dimension c, no operation), an F-contiguous one is
         # itself (leading dimension r, transposed).
