@@ -61,11 +61,26 @@ def _check(status: int, what: str) -> None:
         raise BlasError(f"cuBLAS {what} failed with status {status}")
 
 
+def _operand(x: Any, what: str) -> tuple[int, int]:
+    """cuBLAS's (operation, leading dimension) of a float32 matrix view that is row-major (unit
+    column stride: a C-contiguous matrix, a block of columns, every n-th row) or column-major
+    (unit row stride: the transpose of one of those), for the column-major product that computes
+    the row-major one."""
+    rows, cols = x.shape
+    s0, s1 = (stride // x.itemsize for stride in x.strides)
+    if s1 == 1 or cols == 1:
+        return _OP_N, max(s0, cols, 1) if rows > 1 else max(cols, 1)
+    if s0 == 1 or rows == 1:
+        return _OP_T, max(s1, rows, 1) if cols > 1 else max(rows, 1)
+    raise BlasError(f"gemm {what} {x.shape} with strides {x.strides} has no unit stride")
+
+
 class StreamGemm:
-    """``gemm(a, b, out)``: ``out = a @ b`` for float32 CuPy matrices, enqueued on ``stream``
-    (the stream current at construction by default) and valid inside a stream capture there.
-    ``a`` and ``b`` may be C- or F-contiguous (a transposed view is read as it lies); ``out``
-    is C-contiguous."""
+    """``gemm(a, b, out, accumulate=False)``: ``out = a @ b`` (``out += a @ b`` when
+    ``accumulate``) for float32 CuPy matrices, enqueued on ``stream`` (the stream current at
+    construction by default) and valid inside a stream capture there. Each operand is a view with
+    one unit stride (C- or F-contiguous, a block of columns, every n-th row, a transpose of
+    those: read as it lies); ``out`` has unit column stride."""
 
     def __init__(self, stream: Any | None = None) -> None:
         cp = cupy()
@@ -85,18 +100,18 @@ class StreamGemm:
         self._lib, self._handle, self.stream = lib, handle, stream
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
-    def __call__(self, a: Any, b: Any, out: Any) -> None:
+    def __call__(self, a: Any, b: Any, out: Any, accumulate: bool = False) -> None:
         m, k = a.shape
         n = b.shape[1]
-        if b.shape[0] != k or out.shape != (m, n) or not out.flags.c_contiguous:
-            raise BlasError(f"gemm shapes {a.shape} @ {b.shape} -> {out.shape} (C-contiguous) do not match")
-        if not all(x.flags.c_contiguous or x.flags.f_contiguous for x in (a, b)):
-            raise BlasError("gemm operands must be C- or F-contiguous")
-        # Row-major out = a b is column-major out^T = b^T a^T: a C-contiguous (r, c) matrix is its
-        # transpose column-major (leading dimension c, no operation), an F-contiguous one is
-        # itself (leading dimension r, transposed).
-        op_b, ldb = (_OP_N, n) if b.flags.c_contiguous else (_OP_T, k)
-        op_a, lda = (_OP_N, k) if a.flags.c_contiguous else (_OP_T, m)
+        if b.shape[0] != k or out.shape != (m, n):
+            raise BlasError(f"gemm shapes {a.shape} @ {b.shape} -> {out.shape} do not match")
+        op_c, ldc = _operand(out, "output")
+        if op_c != _OP_N:
+            raise BlasError(f"gemm output {out.shape} with strides {out.strides} is not row-major")
+        # Row-major out = a b is column-major out^T = b^T a^T: a row-major (r, c) matrix is its
+        # transpose column-major (no operation), a column-major one is itself (transposed).
+        op_b, ldb = _operand(b, "operand b")
+        op_a, lda = _operand(a, "operand a")
         status = self._lib.cublasSgemm_v2(
             self._handle,
             op_b,
@@ -109,8 +124,8 @@ class StreamGemm:
             ldb,
             a.data.ptr,
             lda,
-            ctypes.byref(self._zero),
+            ctypes.byref(self._one if accumulate else self._zero),
             out.data.ptr,
-            n,
+            ldc,
         )
         _check(status, "sgemm")
