@@ -203,22 +203,47 @@ __device__ __forceinline__ const float* mf_small(const float* sm, const float* b
 // A read of a parameter pointer from mf_small (shared memory, or global through the read-only path).
 __device__ __forceinline__ float mf_ld(const float* p) { return MF_STAGE ? *p : __ldg(p); }
 
+// The shares' sums of the scan's outputs, scattered: each halving step swaps with the partner
+// share (lane ^ OFF) the half of the remaining steps that the partner keeps and adds the half it
+// receives, so that after log2(MF_SPLIT) steps share `part` holds in ys[0, MF_K / MF_SPLIT) the
+// whole sums of steps part * MF_K / MF_SPLIT + j (MF_K / 2 + MF_K / 4 + ... shuffles in place of
+// MF_K log2(MF_SPLIT)).
+template <int OFF, int N>
+__device__ __forceinline__ void mf_share_halve(float (&ys)[MF_K], int part) {
+    if constexpr (OFF >= 1) {
+        constexpr int HALF = N / 2;
+        const bool upper = (part & OFF) != 0;
+#pragma unroll
+        for (int j = 0; j < HALF; ++j) {
+            const float send = upper ? ys[j] : ys[j + HALF];
+            const float keep = upper ? ys[j + HALF] : ys[j];
+            ys[j] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+        }
+        mf_share_halve<OFF / 2, HALF>(ys, part);
+    }
+}
+
 // The scan of one (head, channel) from zero state on MF_SPLIT neighbouring threads, each with
 // MF_NS of its states (this thread's share: `part`): the recurrence h_t = exp(dt_t A) h_{t-1} +
-// dt_t x_t B_t runs on every share at once and ys[t] ends as C_t . h_t, the shares' sums met by
-// shuffles off the recurrence's path. Step t reads x at x[t * LD], dt at dt[t * LDDT], the share
-// of B_t at bc[t * LD] and of C_t MF_G * MF_N floats after it; every step unrolled with its output
-// kept in registers (no store inside the loop, so the next step's loads issue while this step
-// computes). B and C are read as float4 where the strides keep them 16-byte aligned.
-template <int LD, int LDDT>
-__device__ __forceinline__ void mf_scan_share(const float* x, const float* dt, const float* bc, float A,
-                                              float (&ys)[MF_K]) {
+// dt_t x_t B_t runs on every share at once and y_t = C_t . h_t is summed over the shares by
+// shuffles off the recurrence's path, then handed to store(t, y_t) by one share each. Step t
+// reads x at x[t * LD], dt at dt[t * LDDT], the share of B_t at bc[t * LD] and of C_t MF_G * MF_N
+// floats after it; every step unrolled with its output kept in registers (no store inside the
+// loop, so the next step's loads issue while this step computes). B and C are read as float4
+// where the strides keep them 16-byte aligned. LAST: only y at the last step is wanted (the last
+// block's output is read there only): C is read and the sum formed at that step alone.
+template <int LD, int LDDT, bool LAST, typename Store>
+__device__ __forceinline__ void mf_scan_share(const float* x, const float* dt, const float* bc, float A, int part,
+                                              Store store) {
     constexpr int NS = MF_NS;
+    constexpr bool VEC = NS % 4 == 0 && LD % 4 == 0 && MF_DI % 4 == 0;
     float state[NS];
 #pragma unroll
     for (int n = 0; n < NS; ++n) state[n] = 0.0f;
+    float ys[MF_K];
 #pragma unroll
     for (int t = 0; t < MF_K; ++t) {
+        const bool out = !LAST || t == MF_K - 1;
         const float xv = x[t * LD];
         const float dtv = dt[t * LDDT];
         const float decay = __expf(dtv * A);  // dt * A <= 0: decay in (0, 1]
@@ -226,30 +251,93 @@ __device__ __forceinline__ void mf_scan_share(const float* x, const float* dt, c
         const float* Bt = bc + t * LD;
         const float* Ct = Bt + MF_G * MF_N;
         float y = 0.0f;
-        if constexpr (NS % 4 == 0 && LD % 4 == 0 && MF_DI % 4 == 0) {
+        if constexpr (VEC) {
 #pragma unroll
             for (int n = 0; n < NS; n += 4) {
                 const float4 b4 = *reinterpret_cast<const float4*>(Bt + n);
-                const float4 c4 = *reinterpret_cast<const float4*>(Ct + n);
                 state[n] = decay * state[n] + dx * b4.x;
                 state[n + 1] = decay * state[n + 1] + dx * b4.y;
                 state[n + 2] = decay * state[n + 2] + dx * b4.z;
                 state[n + 3] = decay * state[n + 3] + dx * b4.w;
-                y += state[n] * c4.x + state[n + 1] * c4.y + state[n + 2] * c4.z + state[n + 3] * c4.w;
+                if (out) {
+                    const float4 c4 = *reinterpret_cast<const float4*>(Ct + n);
+                    y += state[n] * c4.x + state[n + 1] * c4.y + state[n + 2] * c4.z + state[n + 3] * c4.w;
+                }
             }
         } else {
 #pragma unroll
             for (int n = 0; n < NS; ++n) {
                 state[n] = decay * state[n] + dx * Bt[n];
-                y += state[n] * Ct[n];
+                if (out) y += state[n] * Ct[n];
             }
         }
         ys[t] = y;
     }
+    if constexpr (LAST) {
+        float y = ys[MF_K - 1];
 #pragma unroll
-    for (int t = 0; t < MF_K; ++t) {
+        for (int off = 1; off < MF_SPLIT; off <<= 1) y += __shfl_xor_sync(0xffffffffu, y, off);
+        if (part == 0) store(MF_K - 1, y);
+    } else if constexpr (MF_K % MF_SPLIT == 0) {
+        constexpr int OWN = MF_K / MF_SPLIT;
+        mf_share_halve<MF_SPLIT / 2, MF_K>(ys, part);
 #pragma unroll
-        for (int off = 1; off < MF_SPLIT; off <<= 1) ys[t] += __shfl_xor_sync(0xffffffffu, ys[t], off);
+        for (int j = 0; j < OWN; ++j) store(part * OWN + j, ys[j]);
+    } else {
+#pragma unroll
+        for (int t = 0; t < MF_K; ++t) {
+#pragma unroll
+            for (int off = 1; off < MF_SPLIT; off <<= 1) ys[t] += __shfl_xor_sync(0xffffffffu, ys[t], off);
+        }
+        if (part == 0) {
+#pragma unroll
+            for (int t = 0; t < MF_K; ++t) store(t, ys[t]);
+        }
+    }
+}
+
+// The causal depthwise conv of the MF_CD x, B, C channels (in row t at in[t * LD]; w (MF_CD,
+// MF_W), b (MF_CD) or nullptr, read with mf_ld; steps outside [0, K) read as 0):
+//   pre[t, c] = b[c] + sum_k w[c, k] in[t - (W - 1) + k, c],
+// or with REV its transpose (the backward's), pre[t, c] = sum_k w[c, k] in[t + (W - 1) - k, c],
+// handed to epi(t, c, pre). A thread takes a (channel, chunk of steps) item with the channel's
+// weights and the chunk's inputs (and the W - 1 steps beside it) in registers: each input is read
+// once a chunk, not once a tap. INPLACE: epi writes where `in` lies, so every input is read
+// before any output is written. With more channels than threads a thread takes whole channels.
+template <int LD, bool REV, bool INPLACE, typename Epi>
+__device__ __forceinline__ void mf_conv(const float* in, const float* w, const float* b, Epi epi) {
+    constexpr int CHUNKS = MF_CHUNKS;
+    constexpr int CS = (MF_K + CHUNKS - 1) / CHUNKS;
+    constexpr int R = CS + MF_W - 1;
+    for (int base = 0; base < MF_CD * CHUNKS; base += MF_THREADS) {
+        const int item = base + threadIdx.x;
+        const bool mine = item < MF_CD * CHUNKS;
+        const int c = item % MF_CD, t0 = (item / MF_CD) * CS;
+        float raw[R];
+        float cw[MF_W];
+        float cb = 0.0f;
+        if (mine) {
+#pragma unroll
+            for (int k = 0; k < MF_W; ++k) cw[k] = mf_ld(w + c * MF_W + k);
+            if (b != nullptr) cb = mf_ld(b + c);
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                const int t = REV ? t0 + i : t0 - (MF_W - 1) + i;
+                raw[i] = (t >= 0 && t < MF_K) ? in[t * LD + c] : 0.0f;
+            }
+        }
+        if constexpr (INPLACE && CHUNKS > 1) __syncthreads();  // (one pass: every item read first)
+        if (mine) {
+#pragma unroll
+            for (int i = 0; i < CS; ++i) {
+                if (t0 + i < MF_K) {
+                    float pre = cb;
+#pragma unroll
+                    for (int k = 0; k < MF_W; ++k) pre += raw[REV ? i + MF_W - 1 - k : i + k] * cw[k];
+                    epi(t0 + i, c, pre);
+                }
+            }
+        }
     }
 }
 
@@ -330,44 +418,10 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
             }
         }
 
-        // Causal depthwise conv + SiLU over the x, B, C channels: a thread a (channel, chunk of
-        // steps) with the channel's weights and the chunk's inputs (and the W - 1 steps before it)
-        // in registers; every input is read before any output overwrites it in place. With more
-        // channels than threads, a thread takes whole channels in turn (no chunk boundaries).
-        {
-            constexpr int CHUNKS = MF_CHUNKS;
-            constexpr int CS = (MF_K + CHUNKS - 1) / CHUNKS;
-            for (int base = 0; base < MF_CD * CHUNKS; base += MF_THREADS) {
-                const int item = base + threadIdx.x;
-                const bool mine = item < MF_CD * CHUNKS;
-                const int c = item % MF_CD, t0 = (item / MF_CD) * CS;
-                float raw[CS + MF_W - 1];
-                float cw[MF_W];
-                float cb = 0.0f;
-                if (mine) {
-#pragma unroll
-                    for (int k = 0; k < MF_W; ++k) cw[k] = mf_ld(mf_small(sm, blk, layer, BLK_CONV_W) + c * MF_W + k);
-                    cb = mf_ld(mf_small(sm, blk, layer, BLK_CONV_B) + c);
-#pragma unroll
-                    for (int i = 0; i < CS + MF_W - 1; ++i) {
-                        const int t = t0 - (MF_W - 1) + i;
-                        raw[i] = (t >= 0 && t < MF_K) ? zx[t * MF_IP + MF_DI + c] : 0.0f;
-                    }
-                }
-                if constexpr (CHUNKS > 1) __syncthreads();  // (one pass: every item read first)
-                if (mine) {
-#pragma unroll
-                    for (int i = 0; i < CS; ++i) {
-                        if (t0 + i < MF_K) {
-                            float pre = cb;
-#pragma unroll
-                            for (int k = 0; k < MF_W; ++k) pre += raw[i + k] * cw[k];
-                            zx[(t0 + i) * MF_IP + MF_DI + c] = mf_silu(pre);
-                        }
-                    }
-                }
-            }
-        }
+        // Causal depthwise conv + SiLU over the x, B, C channels, in place.
+        mf_conv<MF_IP, false, true>(zx + MF_DI, mf_small(sm, blk, layer, BLK_CONV_W),
+                                    mf_small(sm, blk, layer, BLK_CONV_B),
+                                    [&](int t, int c, float pre) { zx[t * MF_IP + MF_DI + c] = mf_silu(pre); });
         // dt = softplus(dt_raw + dt_bias)
         for (int i = threadIdx.x; i < MF_K * MF_H; i += MF_THREADS) {
             const int t = i / MF_H, h = i % MF_H;
@@ -384,17 +438,17 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
             const int g = h / (MF_H / MF_G);
             const float A = -expf(mf_ld(mf_small(sm, blk, layer, BLK_A) + h));  // the layout stores A_log
             const float Dh = mf_ld(mf_small(sm, blk, layer, BLK_D) + h);
-            float ys[MF_K];
-            mf_scan_share<MF_IP, MF_IP>(zx + MF_DI + idx, zx + MF_DI + MF_CD + h,
-                                        zx + 2 * MF_DI + g * MF_N + part * MF_NS, A, ys);
-            if (part == 0) {
-#pragma unroll
-                for (int t = 0; t < MF_K; ++t) {
-                    if (t >= t_out) {
-                        float* v = zx + t * MF_IP + MF_DI + idx;
-                        *v = ys[t] + Dh * *v;
-                    }
-                }
+            const auto y_out = [&](int t, float y) {
+                float* v = zx + t * MF_IP + MF_DI + idx;
+                *v = y + Dh * *v;
+            };
+            const float* xs = zx + MF_DI + idx;
+            const float* dts = zx + MF_DI + MF_CD + h;
+            const float* bc = zx + 2 * MF_DI + g * MF_N + part * MF_NS;
+            if (last) {
+                mf_scan_share<MF_IP, MF_IP, true>(xs, dts, bc, A, part, y_out);
+            } else {
+                mf_scan_share<MF_IP, MF_IP, false>(xs, dts, bc, A, part, y_out);
             }
         }
         __syncthreads();

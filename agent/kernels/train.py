@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -231,6 +231,13 @@ def unpack_params(packed: npt.ArrayLike, cfg: ModelConfig) -> Params:
     return out
 
 
+class MatMul(Protocol):
+    """``mm(a, b, out, accumulate=False)``: ``out = a @ b`` (``+=`` when ``accumulate``) into
+    the preallocated ``out``."""
+
+    def __call__(self, a: Any, b: Any, out: Any, accumulate: bool = False) -> None: ...
+
+
 KernelGetter = Callable[[str], Any]
 """``name -> kernel`` callable like ``cupy.RawKernel`` (``fn(grid, block, args, shared_mem=)``)."""
 
@@ -405,7 +412,7 @@ class FusedUpdate:
         r_out: Any | None,
         *,
         acts: _Pass,
-        mm: Callable[[Any, Any, Any], None],
+        mm: MatMul,
     ) -> None:
         """The network ``P`` on the windows ``x`` (B * K, F) into the pass buffers ``acts``, with
         products ``mm``: the heads' logits without their biases into ``q_out`` (and ``r_out``);
@@ -425,7 +432,12 @@ class FusedUpdate:
         for layer in range(cfg.n_layers):
             last = layer == cfg.n_layers - 1
             t0 = k - 1 if last else 0
-            mm(acts.u[layer], self._mat(P, "BLK_WIN_T", d, ip, layer), acts.zx[layer])
+            w_in, zx = self._mat(P, "BLK_WIN_T", d, ip, layer), acts.zx[layer]
+            if last:  # x, B, C, dt at every step; z (the gate) at the last step only
+                mm(acts.u[layer], w_in[:, di:], zx[:, di:])
+                mm(acts.u[layer][k - 1 :: k], w_in[:, :di], zx[k - 1 :: k, :di])
+            else:
+                mm(acts.u[layer], w_in, zx)
             self._get("mid_forward_kernel")(
                 (b,),
                 (self.layout.threads,),
@@ -526,8 +538,16 @@ class FusedUpdate:
                 shared_mem=self.layout.shared["mid_backward_kernel"],
             )
             mm(ones_b, acts.gsmall, self._vec(G, "BLK_CONV_W", self.layout.small, layer))
-            mm(fp.u[layer].T, acts.gzx, self._mat(G, "BLK_WIN_T", d, ip, layer))
-            mm(acts.gzx, self._mat(P, "BLK_WIN_T", d, ip, layer).T, acts.gu)
+            u, gzx = fp.u[layer], acts.gzx
+            w_in, g_in = self._mat(P, "BLK_WIN_T", d, ip, layer), self._mat(G, "BLK_WIN_T", d, ip, layer)
+            if last:  # gz lives at the last step only (the kernel writes no other row of it)
+                mm(u.T, gzx[:, di:], g_in[:, di:])
+                mm(u[k - 1 :: k].T, gzx[k - 1 :: k, :di], g_in[:, :di])
+                mm(gzx[:, di:], w_in[:, di:].T, acts.gu)
+                mm(gzx[k - 1 :: k, :di], w_in[:, :di].T, acts.gu[k - 1 :: k], accumulate=True)
+            else:
+                mm(u.T, gzx, g_in)
+                mm(gzx, w_in.T, acts.gu)
             self._rows(
                 "norm_backward_kernel",
                 rows,
@@ -661,15 +681,18 @@ _ROW_THREADS = 256
 """Threads a block of the row kernels (``TR_ROW_THREADS``: a warp a row)."""
 
 
-def _matmul(xp: Any) -> Callable[[Any, Any, Any], None]:
-    """``mm(a, b, out)``: out = a @ b into the preallocated C-contiguous ``out`` (a and b C- or
-    F-contiguous: transposed views are read as they lie). On the device one cuBLAS sgemm on the
-    stream current now, with no allocation and valid inside a capture
+def _matmul(xp: Any) -> MatMul:
+    """The products of an update (operands and ``out`` views with a unit stride: blocks of
+    columns, every K-th row and transposes are read and written as they lie). On the device one
+    cuBLAS sgemm on the stream current now, with no allocation and valid inside a capture
     (:class:`agent.kernels.blas.StreamGemm`)."""
     if xp is np:
 
-        def host(a: Any, b: Any, out: Any) -> None:
-            np.matmul(a, b, out=out)
+        def host(a: Any, b: Any, out: Any, accumulate: bool = False) -> None:
+            if accumulate:
+                out += a @ b
+            else:
+                np.matmul(a, b, out=out)
 
         return host
     return StreamGemm()
@@ -733,7 +756,7 @@ class _Activations:
 class _Lane:
     """A stream beside the update's own, with its products (device); on the host, in order."""
 
-    def __init__(self, stream: Any, mm: Callable[[Any, Any, Any], None]) -> None:
+    def __init__(self, stream: Any, mm: MatMul) -> None:
         self.stream, self.mm = stream, mm
 
     def __enter__(self) -> None:

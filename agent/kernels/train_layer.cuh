@@ -27,6 +27,17 @@
 #define TB_LDXD (MF_CD + MF_H)
 #define TB_GS(off) ((off) - BLK_CONV_W)
 
+// The lower triangle s <= t of a (K, K) matrix, row by row: TB_TRI entries, tb_tri(t) of them
+// before row t, and the (t, s) of entry i.
+#define TB_TRI (MF_K * (MF_K + 1) / 2)
+__device__ __forceinline__ int tb_tri(int t) { return t * (t + 1) / 2; }
+__device__ __forceinline__ void tb_tri_at(int i, int& t, int& s) {
+    t = (int)((sqrtf(8.0f * (float)i + 1.0f) - 1.0f) * 0.5f);
+    if (tb_tri(t + 1) <= i) ++t;  // the float root may land one row off either way
+    if (tb_tri(t) > i) --t;
+    s = i - tb_tri(t);
+}
+
 // From the in_proj output's conv and dt columns (xd: row t at xd[t * LD], the Cd conv inputs
 // then the H raw dt): x, B, C = silu(causal conv) into TB_XBC and dt = softplus(dt_raw +
 // dt_bias) into TB_DT.
@@ -34,15 +45,8 @@ template <int LD>
 __device__ void tb_conv_dt(const float* __restrict__ blk, const float* xd, float* sm) {
     float* xbc = sm + TB_XBC;
     float* dt = sm + TB_DT;
-    for (int i = threadIdx.x; i < MF_K * MF_CD; i += MF_THREADS) {
-        const int t = i / MF_CD, c = i % MF_CD;
-        float pre = __ldg(blk + BLK_CONV_B + c);
-        for (int k = 0; k < MF_W; ++k) {
-            const int src = t - MF_W + 1 + k;
-            if (src >= 0) pre += __ldg(blk + BLK_CONV_W + c * MF_W + k) * xd[src * LD + c];
-        }
-        xbc[i] = tr_silu(pre);
-    }
+    mf_conv<LD, false, false>(xd, blk + BLK_CONV_W, blk + BLK_CONV_B,
+                              [&](int t, int c, float pre) { xbc[t * MF_CD + c] = mf_silu(pre); });
     for (int i = threadIdx.x; i < MF_K * MF_H; i += MF_THREADS) {
         const int t = i / MF_H, h = i % MF_H;
         dt[i] = mf_softplus(xd[t * LD + MF_CD + h] + __ldg(blk + BLK_DT_BIAS + h));
@@ -59,18 +63,20 @@ __device__ void tb_mid_forward(const float* __restrict__ blk, float* sm, float* 
     float* rg = sm + TB_RG;
     tb_conv_dt<MF_IP>(blk, zx + MF_DI, sm);
     __syncthreads();
-    // The scan from zero state (mf_scan_share: MF_SPLIT threads a (head, channel)); y with the D skip.
+    // The scan from zero state (mf_scan_share: MF_SPLIT threads a (head, channel)); y with the D
+    // skip, for the steps >= t0 (the last block's: its last step only).
     for (int item = threadIdx.x; item < MF_DI * MF_SPLIT; item += MF_THREADS) {
         const int idx = item / MF_SPLIT, part = item % MF_SPLIT;
         const int h = idx / MF_P;
         const int g = h / (MF_H / MF_G);
-        float ys[MF_K];
-        mf_scan_share<MF_CD, MF_H>(xbc + idx, dt + h, xbc + MF_DI + g * MF_N + part * MF_NS,
-                                   -expf(__ldg(blk + BLK_A + h)), ys);
-        if (part == 0) {
-            const float Dh = __ldg(blk + BLK_D + h);
-#pragma unroll
-            for (int t = 0; t < MF_K; ++t) y[t * MF_DI + idx] = ys[t] + Dh * xbc[t * MF_CD + idx];
+        const float Dh = __ldg(blk + BLK_D + h);
+        const float A = -expf(__ldg(blk + BLK_A + h));
+        const auto y_out = [&](int t, float v) { y[t * MF_DI + idx] = v + Dh * xbc[t * MF_CD + idx]; };
+        const float* bc = xbc + MF_DI + g * MF_N + part * MF_NS;
+        if (t0 == MF_K - 1) {
+            mf_scan_share<MF_CD, MF_H, true>(xbc + idx, dt + h, bc, A, part, y_out);
+        } else {
+            mf_scan_share<MF_CD, MF_H, false>(xbc + idx, dt + h, bc, A, part, y_out);
         }
     }
     __syncthreads();
@@ -81,13 +87,13 @@ __device__ void tb_mid_forward(const float* __restrict__ blk, float* sm, float* 
         const int t = rgi / MF_G, g = rgi % MF_G;
         float ss = 0.0f;
         for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
-            const float v = y[t * MF_DI + i] * tr_silu(zx[t * MF_IP + i]);
+            const float v = y[t * MF_DI + i] * mf_silu(zx[t * MF_IP + i]);
             ss += v * v;
         }
         const float r = 1.0f / sqrtf(mf_warp_sum(ss) / (float)GW + MF_EPS);
         if (lane == 0) rg[rgi] = r;
         for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
-            o[(t - t0) * MF_DI + i] = y[t * MF_DI + i] * tr_silu(zx[t * MF_IP + i]) * r * __ldg(blk + BLK_GNORM + i);
+            o[(t - t0) * MF_DI + i] = y[t * MF_DI + i] * mf_silu(zx[t * MF_IP + i]) * r * __ldg(blk + BLK_GNORM + i);
         }
     }
 }
@@ -119,26 +125,26 @@ __device__ void tb_mid_backward(const float* __restrict__ blk, float* __restrict
     for (int c = threadIdx.x; c < MF_DI; c += MF_THREADS) {
         float acc = 0.0f;
         for (int t = t0; t < MF_K; ++t) {
-            acc += go[t * MF_DI + c] * y[t * MF_DI + c] * tr_silu(z[t * MF_DI + c]) * rg[t * MF_G + c / GW];
+            acc += go[t * MF_DI + c] * y[t * MF_DI + c] * mf_silu(z[t * MF_DI + c]) * rg[t * MF_G + c / GW];
         }
         gs[TB_GS(BLK_GNORM) + c] += acc;
     }
     __syncthreads();
     // Gated norm backward per (step, group): gv; gy = gv silu(z) -> TB_GO; gz = gv y silu'(z)
-    // -> gz (rows before t0: gy is 0 already, gz set to 0).
-    for (int i = threadIdx.x; i < t0 * MF_DI; i += MF_THREADS) gz[(i / MF_DI) * MF_IP + i % MF_DI] = 0.0f;
+    // -> gz (rows before t0: gy is 0 already; gz is not written there, the caller's products
+    // read the rows >= t0 only).
     for (int rgi = t0 * MF_G + (threadIdx.x >> 5); rgi < MF_K * MF_G; rgi += TR_WARPS) {
         const int t = rgi / MF_G, g = rgi % MF_G;
         const float rr = rg[rgi];
         float dot = 0.0f;
         for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
-            const float vhat = y[t * MF_DI + i] * tr_silu(z[t * MF_DI + i]) * rr;
+            const float vhat = y[t * MF_DI + i] * mf_silu(z[t * MF_DI + i]) * rr;
             dot += go[t * MF_DI + i] * __ldg(blk + BLK_GNORM + i) * vhat;
         }
         dot = mf_warp_sum(dot) / (float)GW;
         for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
             const float zv = z[t * MF_DI + i];
-            const float gate = tr_silu(zv);
+            const float gate = mf_silu(zv);
             const float vhat = y[t * MF_DI + i] * gate * rr;
             const float gv = rr * (go[t * MF_DI + i] * __ldg(blk + BLK_GNORM + i) - vhat * dot);
             go[t * MF_DI + i] = gv * gate;
@@ -146,11 +152,11 @@ __device__ void tb_mid_backward(const float* __restrict__ blk, float* __restrict
         }
     }
     __syncthreads();
-    // gD per head; C B^T per group; the gradient accumulators zeroed.
-    // One warp a head, the lanes over its (step, channel) pairs.
+    // gD per head; C B^T per group (the rows >= t0: gy is 0 before); the gradient accumulators
+    // zeroed. One warp a head, the lanes over its (step, channel) pairs.
     for (int h = threadIdx.x >> 5; h < MF_H; h += TR_WARPS) {
         float acc = 0.0f;
-        for (int i = lane; i < MF_K * MF_P; i += 32) {
+        for (int i = t0 * MF_P + lane; i < MF_K * MF_P; i += 32) {
             const int t = i / MF_P, p = i % MF_P;
             acc += go[t * MF_DI + h * MF_P + p] * xbc[t * MF_CD + h * MF_P + p];
         }
@@ -160,14 +166,16 @@ __device__ void tb_mid_backward(const float* __restrict__ blk, float* __restrict
             sm[TB_GA + h] = 0.0f;
         }
     }
-    for (int i = threadIdx.x; i < MF_G * MF_K * MF_K; i += MF_THREADS) {
-        const int g = i / (MF_K * MF_K), t = (i / MF_K) % MF_K, s = i % MF_K;
+    for (int i = threadIdx.x; i < MF_G * MF_K * MF_K; i += MF_THREADS) sm[TB_GCB + i] = 0.0f;
+    for (int i = threadIdx.x; i < MF_G * (TB_TRI - tb_tri(t0)); i += MF_THREADS) {
+        const int g = i / (TB_TRI - tb_tri(t0));
+        int t, s;
+        tb_tri_at(tb_tri(t0) + i % (TB_TRI - tb_tri(t0)), t, s);
         const float* C = xbc + t * MF_CD + MF_DI + MF_G * MF_N + g * MF_N;
         const float* B = xbc + s * MF_CD + MF_DI + g * MF_N;
         float acc = 0.0f;
         for (int n = 0; n < MF_N; ++n) acc += C[n] * B[n];
-        sm[TB_CB + i] = acc;
-        sm[TB_GCB + i] = 0.0f;
+        sm[TB_CB + g * MF_K * MF_K + t * MF_K + s] = acc;
     }
     __syncthreads();
     // The scan's backward in its quadratic form (one chunk, zero initial state), head by head;
@@ -187,7 +195,9 @@ __device__ void tb_mid_backward(const float* __restrict__ blk, float* __restrict
     }
     __syncthreads();
     // Rows of the [K, K] and [K, P] scratch are padded (KP, PP): threads reading one column
-    // across rows hit different banks.
+    // across rows hit different banks. M, gM (and C B^T above) are formed on the lower triangle
+    // s <= t and for the rows t >= t0 only (the rows of gy before t0 are 0, and so are those of
+    // gM and of S below); nothing reads the rest.
     constexpr int KP = MF_K + 1, PP = MF_P + 1;
     float* xh = sm + TB_XH;
     float* gyh = sm + TB_GYH;
@@ -201,38 +211,35 @@ __device__ void tb_mid_backward(const float* __restrict__ blk, float* __restrict
             gyh[s * PP + p] = go[s * MF_DI + h * MF_P + p];
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < MF_K * MF_K; i += MF_THREADS) {
-            const int t = i / MF_K, s = i % MF_K;
-            float m = 0.0f, gm = 0.0f;
-            if (s <= t) {
-                m = sm[TB_CB + g * MF_K * MF_K + i] * expf(cum_all[t * MF_H + h] - cum_all[s * MF_H + h]);
-                for (int p = 0; p < MF_P; ++p) gm += gyh[t * PP + p] * xh[s * PP + p];
-                gm *= dt[s * MF_H + h];
-            }
-            M[t * KP + s] = m;
+        // M = C B^T Lam, Lam[t, s] = exp(cum_t - cum_s); gM = gy x^T dt; gCB += gM Lam.
+        for (int i = tb_tri(t0) + threadIdx.x; i < TB_TRI; i += MF_THREADS) {
+            int t, s;
+            tb_tri_at(i, t, s);
+            const float lam = __expf(cum_all[t * MF_H + h] - cum_all[s * MF_H + h]);
+            float gm = 0.0f;
+            for (int p = 0; p < MF_P; ++p) gm += gyh[t * PP + p] * xh[s * PP + p];
+            gm *= dt[s * MF_H + h];
+            M[t * KP + s] = sm[TB_CB + g * MF_K * MF_K + t * MF_K + s] * lam;
             gM[t * KP + s] = gm;
+            sm[TB_GCB + g * MF_K * MF_K + t * MF_K + s] += gm * lam;
         }
         __syncthreads();
         // gU[s, p] = sum_{t >= s} M[t, s] gy[t, p]; gx = dt gU + D gy.
         for (int i = threadIdx.x; i < MF_K * MF_P; i += MF_THREADS) {
             const int s = i / MF_P, p = i % MF_P;
             float acc = 0.0f;
-            for (int t = s; t < MF_K; ++t) acc += M[t * KP + s] * gyh[t * PP + p];
+            for (int t = max(s, t0); t < MF_K; ++t) acc += M[t * KP + s] * gyh[t * PP + p];
             gU[s * PP + p] = acc;
             gx[s * MF_CD + h * MF_P + p] = dt[s * MF_H + h] * acc + Dh * gyh[s * PP + p];
         }
-        // gCB += gM * Lam (Lam = M / CB where CB != 0: recomputed from cum instead).
-        for (int i = threadIdx.x; i < MF_K * MF_K; i += MF_THREADS) {
-            const int t = i / MF_K, s = i % MF_K;
-            if (s <= t) {
-                sm[TB_GCB + g * MF_K * MF_K + i] +=
-                    gM[t * KP + s] * expf(cum_all[t * MF_H + h] - cum_all[s * MF_H + h]);
-            }
-        }
-        // gcum_t = sum_s S[t, s] - sum_t' S[t', t], S = gM * M: one warp a step t, the lanes over s.
+        // gcum_t = sum_{s <= t} S[t, s] - sum_{t' >= t} S[t', t], S = gM * M (lower triangle,
+        // rows >= t0): one warp a step t, the lanes over s.
         for (int t = threadIdx.x >> 5; t < MF_K; t += TR_WARPS) {
             float acc = 0.0f;
-            for (int s = lane; s < MF_K; s += 32) acc += gM[t * KP + s] * M[t * KP + s] - gM[s * KP + t] * M[s * KP + t];
+            if (t >= t0) {
+                for (int s = lane; s <= t; s += 32) acc += gM[t * KP + s] * M[t * KP + s];
+            }
+            for (int s = max(t, t0) + lane; s < MF_K; s += 32) acc -= gM[s * KP + t] * M[s * KP + t];
             acc = mf_warp_sum(acc);
             if (lane == 0) gcum[t] = acc;
         }
@@ -264,15 +271,16 @@ __device__ void tb_mid_backward(const float* __restrict__ blk, float* __restrict
         }
         __syncthreads();
     }
-    // gC[t] = sum_s gCB[t, s] B_s; gB[s] = sum_t gCB[t, s] C_t (per group); gA_log = gA A.
+    // gC[t] = sum_s gCB[t, s] B_s; gB[s] = sum_t gCB[t, s] C_t (per group; the rows of gCB
+    // before t0 are 0); gA_log = gA A.
     for (int i = threadIdx.x; i < MF_K * MF_G * MF_N; i += MF_THREADS) {
         const int t = i / (MF_G * MF_N), g = (i / MF_N) % MF_G, n = i % MF_N;
         const float* gcb = sm + TB_GCB + g * MF_K * MF_K;
         float gc = 0.0f, gb = 0.0f;
-        for (int s = 0; s < MF_K; ++s) {
-            gc += gcb[t * MF_K + s] * xbc[s * MF_CD + MF_DI + g * MF_N + n];
-            gb += gcb[s * MF_K + t] * xbc[s * MF_CD + MF_DI + MF_G * MF_N + g * MF_N + n];
+        if (t >= t0) {
+            for (int s = 0; s < MF_K; ++s) gc += gcb[t * MF_K + s] * xbc[s * MF_CD + MF_DI + g * MF_N + n];
         }
+        for (int s = t0; s < MF_K; ++s) gb += gcb[s * MF_K + t] * xbc[s * MF_CD + MF_DI + MF_G * MF_N + g * MF_N + n];
         gx[t * MF_CD + MF_DI + MF_G * MF_N + g * MF_N + n] = gc;
         gx[t * MF_CD + MF_DI + g * MF_N + n] = gb;
     }
@@ -287,22 +295,16 @@ __device__ void tb_mid_backward(const float* __restrict__ blk, float* __restrict
         float* v = xd + t * TB_LDXD + MF_CD + h;
         *v = gdt[i] * tr_sigmoid(*v + __ldg(blk + BLK_DT_BIAS + h));
     }
-    for (int i = threadIdx.x; i < MF_K * MF_CD; i += MF_THREADS) {
-        const int t = i / MF_CD, c = i % MF_CD;
-        float pre = __ldg(blk + BLK_CONV_B + c);
-        for (int k = 0; k < MF_W; ++k) {
-            const int src = t - MF_W + 1 + k;
-            if (src >= 0) pre += __ldg(blk + BLK_CONV_W + c * MF_W + k) * xd[src * TB_LDXD + c];
-        }
-        gx[i] *= tr_silu_grad(pre);
-    }
+    mf_conv<TB_LDXD, false, false>(xd, blk + BLK_CONV_W, blk + BLK_CONV_B,
+                                   [&](int t, int c, float pre) { gx[t * MF_CD + c] *= tr_silu_grad(pre); });
     __syncthreads();
-    // gconv_b, gconv_w, gdt_bias.
+    // gconv_b, gconv_w (every step unrolled: each input read once), gdt_bias.
     for (int c = threadIdx.x; c < MF_CD; c += MF_THREADS) {
         float gb = 0.0f;
         float gw[MF_W];
 #pragma unroll
         for (int k = 0; k < MF_W; ++k) gw[k] = 0.0f;
+#pragma unroll
         for (int t = 0; t < MF_K; ++t) {
             const float gp = gx[t * MF_CD + c];
             gb += gp;
@@ -322,15 +324,9 @@ __device__ void tb_mid_backward(const float* __restrict__ blk, float* __restrict
         gs[TB_GS(BLK_DT_BIAS) + h] += acc;
     }
     __syncthreads();
-    // gxbc_raw[t'] = sum_k gpre[t' + W - 1 - k] conv_w[k] -> the conv columns of TB_XD.
-    for (int i = threadIdx.x; i < MF_K * MF_CD; i += MF_THREADS) {
-        const int t = i / MF_CD, c = i % MF_CD;
-        float acc = 0.0f;
-        for (int k = 0; k < MF_W; ++k) {
-            const int dst = t + MF_W - 1 - k;
-            if (dst < MF_K) acc += gx[dst * MF_CD + c] * __ldg(blk + BLK_CONV_W + c * MF_W + k);
-        }
-        xd[t * TB_LDXD + c] = acc;
-    }
+    // gxbc_raw[t'] = sum_k gpre[t' + W - 1 - k] conv_w[k] (the conv's transpose) -> the conv
+    // columns of TB_XD.
+    mf_conv<MF_CD, true, false>(gx, blk + BLK_CONV_W, nullptr,
+                                [&](int t, int c, float v) { xd[t * TB_LDXD + c] = v; });
     __syncthreads();
 }

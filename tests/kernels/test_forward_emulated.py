@@ -1,12 +1,14 @@
 """The engine's fused forward (agent/kernels/mamba_forward.cu) against the model's forward, on the
 CPU emulation: both compiled variants, a model with every structural feature (two groups, K >
-conv width) and the default shape, padded rows left unwritten. tests/gpu/test_kernels.py runs
+conv width), the same with a window that the scan's shares do not divide, and the default
+shape, padded rows left unwritten. tests/gpu/test_kernels.py runs
 the same comparison on a device."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -15,7 +17,11 @@ from agent.model.config import ModelConfig
 from tests.gpu.conftest import SMALL, make_checkpoint
 
 
-@pytest.mark.parametrize("cfg", [SMALL, ModelConfig(n_features=32)], ids=["small", "default"])
+@pytest.mark.parametrize(
+    "cfg",
+    [SMALL, msgspec.structs.replace(SMALL, window=7), ModelConfig(n_features=32)],
+    ids=["small", "odd-window", "default"],
+)
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_fused_forward_matches_the_model(emu: ModuleType, cfg: ModelConfig, variant: str) -> None:
     form = VARIANTS[variant]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -132,6 +133,7 @@ def assert_close_params(got: dict[str, Any], want: dict[str, Any], atol: float) 
         (SMALL, 1, True),
         (MEDIUM, 0, True),
         (ModelConfig(n_features=32), 1, False),
+        (msgspec.structs.replace(SMALL, window=7), 1, False),
     ],
     ids=[
         "small-polyak",
@@ -141,6 +143,7 @@ def assert_close_params(got: dict[str, Any], want: dict[str, Any], atol: float) 
         "small-munchausen",
         "medium-munchausen-none",
         "default-polyak",
+        "odd-window",
     ],
 )
 def test_one_fused_update_matches_the_learners_chain(
