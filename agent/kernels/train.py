@@ -489,6 +489,7 @@ class FusedUpdate:
         nq, nr = cfg.n_actions * cfg.n_atoms, cfg.return_bins
         b, rows = self.batch, self.batch * cfg.window
         ones_b, ones = acts.ones_b, acts.ones
+        weights = self._lanes.side[0]
         # Heads and the final norm.
         mm(fp.feat.T, acts.gq, self._mat(G, "OFF_Q_WT", d, nq))
         mm(ones_b, acts.gq, self._vec(G, "OFF_Q_B", nq))
@@ -521,32 +522,29 @@ class FusedUpdate:
             go = acts.go[: gout.shape[0]]
             mm(fp.o[layer].T, gout, self._mat(G, "BLK_WOUT_T", di, d, layer))
             mm(gout, self._mat(P, "BLK_WOUT_T", di, d, layer).T, go)
+            u, gzx, gsmall = fp.u[layer], acts.gzx[layer], acts.gsmall[layer]
             self._get("mid_backward_kernel")(
                 (b,),
                 (self.layout.threads,),
-                (
-                    P,
-                    np.int32(layer),
-                    fp.zx[layer],
-                    fp.y[layer],
-                    fp.rg[layer],
-                    go,
-                    np.int32(t0),
-                    acts.gzx,
-                    acts.gsmall,
-                ),
+                (P, np.int32(layer), fp.zx[layer], fp.y[layer], fp.rg[layer], go, np.int32(t0), gzx, gsmall),
                 shared_mem=self.layout.shared["mid_backward_kernel"],
             )
-            mm(ones_b, acts.gsmall, self._vec(G, "BLK_CONV_W", self.layout.small, layer))
-            u, gzx = fp.u[layer], acts.gzx
             w_in, g_in = self._mat(P, "BLK_WIN_T", d, ip, layer), self._mat(G, "BLK_WIN_T", d, ip, layer)
-            if last:  # gz lives at the last step only (the kernel writes no other row of it)
-                mm(u.T, gzx[:, di:], g_in[:, di:])
-                mm(u[k - 1 :: k].T, gzx[k - 1 :: k, :di], g_in[:, :di])
+            # The block's in_proj and small-parameter gradients on the weights lane, beside the
+            # rest of the backward (they read the block's own gzx and gsmall, nothing later writes).
+            self._lanes.hand(weights)
+            with weights:
+                wm = weights.mm
+                wm(ones_b, gsmall, self._vec(G, "BLK_CONV_W", self.layout.small, layer))
+                if last:  # gz lives at the last step only (the kernel writes no other row of it)
+                    wm(u.T, gzx[:, di:], g_in[:, di:])
+                    wm(u[k - 1 :: k].T, gzx[k - 1 :: k, :di], g_in[:, :di])
+                else:
+                    wm(u.T, gzx, g_in)
+            if last:
                 mm(gzx[:, di:], w_in[:, di:].T, acts.gu)
                 mm(gzx[k - 1 :: k, :di], w_in[:, :di].T, acts.gu[k - 1 :: k], accumulate=True)
             else:
-                mm(u.T, gzx, g_in)
                 mm(gzx, w_in.T, acts.gu)
             self._rows(
                 "norm_backward_kernel",
@@ -568,6 +566,7 @@ class FusedUpdate:
             mm(ones, acts.gnw, self._vec(G, "BLK_NORM", d, layer))
         mm(acts.x_obs.T, acts.gh, self._mat(G, "OFF_EMB_WT", f, d))
         mm(ones, acts.gh, self._vec(G, "OFF_EMB_B", d))
+        self._lanes.join()
 
     def enqueue(self) -> None:
         """Launch one update on the current stream (the batch already in ``inputs``)."""
@@ -749,8 +748,10 @@ class _Activations:
         self.gfeat_q, self.gfeat_r, self.ghf = z(batch, d), z(batch, d), z(batch, d)
         self.gh, self.gu, self.gnw = z(rows, d), z(rows, d), z(rows, d)
         self.go = z(rows, di)
-        self.gzx = z(rows, ip)
-        self.gsmall = z(batch, small)
+        self.gzx = [z(rows, ip) for _ in range(cfg.n_layers)]
+        """A block's gradient at its in_proj output, one buffer a block (its weight gradient
+        runs beside the next block's backward)."""
+        self.gsmall = [z(batch, small) for _ in range(cfg.n_layers)]
 
 
 class _Lane:
@@ -769,10 +770,12 @@ class _Lane:
 
 
 class _Lanes:
-    """The next-state passes' lanes: on the device a stream each, forked from the stream current
-    at construction after the windows are built and joined back before the loss, so that the
-    passes run beside each other and beside the forward on s (a captured graph keeps the
-    fork and the join as edges); on the host they run in order."""
+    """Streams beside the update's own: on the device a stream each, forked from the stream
+    current at construction after the windows are built and joined back before the loss, so that
+    the next-state passes run beside each other and beside the forward on s; in the backward the
+    first lane takes each block's weight gradients as soon as the block's gzx is written
+    (:meth:`hand`) and joins back before the norm of the gradient. A captured graph keeps the
+    forks and joins as edges; on the host everything runs in order."""
 
     def __init__(self, xp: Any, n: int) -> None:
         if xp is np:
@@ -783,6 +786,7 @@ class _Lanes:
         self.side = [_Lane(stream, StreamGemm(stream)) for stream in streams]
         self._main = xp.cuda.get_current_stream()
         self._forked = xp.cuda.Event(disable_timing=True)
+        self._handed = xp.cuda.Event(disable_timing=True)
         self._done = [xp.cuda.Event(disable_timing=True) for _ in range(n)]
 
     def fork(self) -> None:
@@ -791,6 +795,14 @@ class _Lanes:
         self._forked.record(self._main)
         for lane in self.side:
             lane.stream.wait_event(self._forked)
+
+    def hand(self, lane: _Lane) -> None:
+        """Let ``lane`` go on from what the stream current at construction has enqueued so far
+        (on the host: nothing to do)."""
+        if self._main is None:
+            return
+        self._handed.record(self._main)
+        lane.stream.wait_event(self._handed)
 
     def join(self) -> None:
         if self._main is None:
