@@ -50,29 +50,70 @@ struct TrainStats {
 #define TR_DV ((MF_D + 31) / 32)
 
 // ---------------------------------------------------------------------------------------------
-// The model inputs of the batch: X[b] = window of decision bar t[b] (K, F), blockIdx.y 0 = s
-// (t_obs, agent_obs -> x_obs), 1 = s' (t_next, agent_next -> x_next).
+// A pass's first rows, a warp a row (row i: step k = i % K of window b = i / K): the model input
+// x (market row t[b] - K + 1 + k of feat, then the sample's TR_AGENT agent columns), kept in
+// x_out when has_x (the backward's embedding gradient reads it); the residual stream's first
+// value h = x W_emb + b_emb; the first block's pre-norm r = 1 / rms(h), u = h r w. The lanes
+// hold x a feature each (32 at a time) and hand it round by shuffles; lane l sums the outputs
+// l, l + 32, ...
 
-extern "C" __global__ void __launch_bounds__(MF_THREADS)
-windows_kernel(const float* __restrict__ feat, const long long* __restrict__ t_obs,
-               const float* __restrict__ agent_obs, const long long* __restrict__ t_next,
-               const float* __restrict__ agent_next, float* __restrict__ x_obs, float* __restrict__ x_next) {
-    const int b = blockIdx.x;
-    const bool next = blockIdx.y == 1;
-    const size_t at = (size_t)b * MF_K * TR_AGENT;
-    tr_load_window(feat, next ? t_next[b] : t_obs[b], (next ? agent_next : agent_obs) + at,
-                   (next ? x_next : x_obs) + (size_t)b * MF_K * MF_F);
+extern "C" __global__ void __launch_bounds__(TR_ROW_THREADS)
+embed_kernel(const float* __restrict__ P, const float* __restrict__ feat, const long long* __restrict__ t,
+             const float* __restrict__ agent, float* __restrict__ x_out, int has_x, float* __restrict__ h,
+             float* __restrict__ u, float* __restrict__ r, int rows) {
+    const int i = blockIdx.x * (TR_ROW_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (i >= rows) return;
+    const int b = i / MF_K, k = i % MF_K;
+    const long long bar = t[b] - MF_K + 1 + k;
+    const float* w_emb = P + OFF_EMB_WT;
+    float acc[TR_DV];
+#pragma unroll
+    for (int q = 0; q < TR_DV; ++q) {
+        const int j = q * 32 + lane;
+        acc[q] = j < MF_D ? __ldg(P + OFF_EMB_B + j) : 0.0f;
+    }
+    for (int f0 = 0; f0 < MF_F; f0 += 32) {
+        const int f = f0 + lane;
+        float xv = 0.0f;
+        if (f < MF_F) {
+            xv = f < TR_FM ? feat[(size_t)bar * TR_FM + f] : agent[(size_t)i * TR_AGENT + (f - TR_FM)];
+            if (has_x) x_out[(size_t)i * MF_F + f] = xv;
+        }
+        const int n = min(32, MF_F - f0);
+        for (int e = 0; e < n; ++e) {
+            const float xe = __shfl_sync(0xffffffffu, xv, e);
+#pragma unroll
+            for (int q = 0; q < TR_DV; ++q) {
+                const int j = q * 32 + lane;
+                if (j < MF_D) acc[q] += xe * __ldg(w_emb + (size_t)(f0 + e) * MF_D + j);
+            }
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int q = 0; q < TR_DV; ++q) ss += acc[q] * acc[q];
+    const float inv = 1.0f / sqrtf(mf_warp_sum(ss) / (float)MF_D + MF_EPS);
+    if (lane == 0) r[i] = inv;
+    const float* w = P + OFF_BLOCKS + BLK_NORM;
+#pragma unroll
+    for (int q = 0; q < TR_DV; ++q) {
+        const int j = q * 32 + lane;
+        if (j < MF_D) {
+            h[(size_t)i * MF_D + j] = acc[q];
+            u[(size_t)i * MF_D + j] = acc[q] * inv * __ldg(w + j);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
-// RMSNorm of rows, a warp a row: x = a[i * a_every + a_first] (+ b[i]) (+ bias), written to h
-// when has_h; r[i] = 1 / rms(x); u[i] = x * r[i] * w. The residual stream's sums (embedding bias,
-// x + o W_out) land here, before the next block's norm.
+// RMSNorm of rows, a warp a row: x = a[i * a_every + a_first] (+ b[i]), written to h when
+// has_h; r[i] = 1 / rms(x); u[i] = x * r[i] * w. The residual stream's sums (x + o W_out) land
+// here, before the next block's norm.
 
 extern "C" __global__ void __launch_bounds__(TR_ROW_THREADS)
 norm_kernel(const float* __restrict__ a, int a_every, int a_first, const float* __restrict__ b, int has_b,
-            const float* __restrict__ bias, int has_bias, float* __restrict__ h, int has_h,
-            const float* __restrict__ w, float* __restrict__ u, float* __restrict__ r, int rows) {
+            float* __restrict__ h, int has_h, const float* __restrict__ w, float* __restrict__ u,
+            float* __restrict__ r, int rows) {
     const int i = blockIdx.x * (TR_ROW_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= rows) return;
     const float* ar = a + ((size_t)i * a_every + a_first) * MF_D;
@@ -85,7 +126,6 @@ norm_kernel(const float* __restrict__ a, int a_every, int a_first, const float* 
         if (k < MF_D) {
             v = ar[k];
             if (has_b) v += b[(size_t)i * MF_D + k];
-            if (has_bias) v += __ldg(bias + k);
             if (has_h) h[(size_t)i * MF_D + k] = v;
         }
         x[q] = v;

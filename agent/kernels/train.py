@@ -10,7 +10,8 @@ and these kernels between them:
 ========================  ==========  ===========================================================
 kernel                    grid        what
 ========================  ==========  ===========================================================
-``windows_kernel``        (B, 2)      the windows of s and s' from the fold's features
+``embed_kernel``          rows / 8    a pass's model input from the fold's features, the embedding,
+                                      the first block's pre-norm
 ``norm_kernel``           rows / 8    a block's pre-norm (or the final norm), the residual sum
 ``mid_forward_kernel``    B           conv, dt, scan, gated norm of one window
 ``loss_kernel``           B           the sample's losses and the gradient at the heads' logits
@@ -379,11 +380,10 @@ class FusedUpdate:
         every: int = 1,
         first: int = 0,
         add: Any | None = None,
-        bias: Any | None = None,
         h: Any | None = None,
     ) -> None:
-        """``norm_kernel`` on ``rows`` rows: x = a[i * every + first] (+ add[i]) (+ bias), kept
-        in ``h`` when given; ``out`` = (u, r)."""
+        """``norm_kernel`` on ``rows`` rows: x = a[i * every + first] (+ add[i]), kept in ``h``
+        when given; ``out`` = (u, r)."""
         dummy = self._acts.dummy
         self._rows(
             "norm_kernel",
@@ -394,8 +394,6 @@ class FusedUpdate:
                 np.int32(first),
                 dummy if add is None else add,
                 np.int32(add is not None),
-                dummy if bias is None else bias,
-                np.int32(bias is not None),
                 dummy if h is None else h,
                 np.int32(h is not None),
                 w,
@@ -407,27 +405,36 @@ class FusedUpdate:
     def _forward(
         self,
         P: Any,
-        x: Any,
+        t: Any,
+        agent: Any,
         q_out: Any,
         r_out: Any | None,
         *,
         acts: _Pass,
         mm: MatMul,
     ) -> None:
-        """The network ``P`` on the windows ``x`` (B * K, F) into the pass buffers ``acts``, with
-        products ``mm``: the heads' logits without their biases into ``q_out`` (and ``r_out``);
-        ``acts`` keeps y and rg when it is the pass the backward reads."""
+        """The network ``P`` on the windows of decision bars ``t`` (B,) with the agent columns
+        ``agent`` (B, K, 2) into the pass buffers ``acts``, with products ``mm``: the heads'
+        logits without their biases into ``q_out`` (and ``r_out``); ``acts`` keeps the model
+        input, y and rg when it is the pass the backward reads."""
         cfg, save = self.cfg, acts is self._acts.main
-        k, d, di, ip, f = cfg.window, cfg.d_model, cfg.d_inner, cfg.in_proj_dim, cfg.n_features
+        k, d, di, ip = cfg.window, cfg.d_model, cfg.d_inner, cfg.in_proj_dim
         b, rows = self.batch, self.batch * cfg.window
-        mm(x, self._mat(P, "OFF_EMB_WT", f, d), acts.tmp)
-        self._norm(
-            acts.tmp,
-            self._vec(P, "BLK_NORM", d, 0),
-            (acts.u[0], acts.r[0]),
+        self._rows(
+            "embed_kernel",
             rows,
-            bias=self._vec(P, "OFF_EMB_B", d),
-            h=acts.h[0],
+            (
+                P,
+                self.feat,
+                t,
+                agent,
+                self._acts.x_obs if save else self._acts.dummy,
+                np.int32(save),
+                acts.h[0],
+                acts.u[0],
+                acts.r[0],
+                np.int32(rows),
+            ),
         )
         for layer in range(cfg.n_layers):
             last = layer == cfg.n_layers - 1
@@ -572,21 +579,17 @@ class FusedUpdate:
         """Launch one update on the current stream (the batch already in ``inputs``)."""
         lay, b, s, acts = self.layout, self.batch, self.settings, self._acts
         i = self.inputs
-        self._get("windows_kernel")(
-            (b, 2),
-            (lay.threads,),
-            (self.feat, i["t_obs"], i["agent_obs"], i["t_next"], i["agent_next"], acts.x_obs, acts.x_next),
-        )
         # The next-state passes (online and target networks on s', and the target on s with
         # Munchausen) beside the forward on s.
-        side = [(self.params, acts.x_next, acts.qn_online), (self.target, acts.x_next, acts.qn_target)]
+        s_next, s_now = (i["t_next"], i["agent_next"]), (i["t_obs"], i["agent_obs"])
+        side = [(self.params, s_next, acts.qn_online), (self.target, s_next, acts.qn_target)]
         if s.munchausen:
-            side.append((self.target, acts.x_obs, acts.qt_now))
+            side.append((self.target, s_now, acts.qt_now))
         self._lanes.fork()
-        for lane, scratch, (P, x, out) in zip(self._lanes.side, acts.side, side, strict=True):
+        for lane, scratch, (P, state, out) in zip(self._lanes.side, acts.side, side, strict=True):
             with lane:
-                self._forward(P, x, out, None, acts=scratch, mm=lane.mm)
-        self._forward(self.params, acts.x_obs, acts.q_s, acts.r_s, acts=acts.main, mm=self._mm)
+                self._forward(P, *state, out, None, acts=scratch, mm=lane.mm)
+        self._forward(self.params, *s_now, acts.q_s, acts.r_s, acts=acts.main, mm=self._mm)
         self._lanes.join()
         self._get("loss_kernel")(
             (b,),
@@ -709,7 +712,7 @@ class _Pass:
             return xp.zeros(shape, dtype=np.float32)
 
         self.tmp = z(rows, d)
-        """Projections' outputs before they join the residual stream (embedding, out_proj)."""
+        """out_proj's output before it joins the residual stream."""
         layers = range(cfg.n_layers)
         self.h = [z(rows, d) for _ in layers]
         """Each block's input (the residual stream)."""
@@ -739,7 +742,8 @@ class _Activations:
         self.dummy = z(4)
         self.ones = xp.ones((1, rows), dtype=np.float32)
         self.ones_b = xp.ones((1, batch), dtype=np.float32)
-        self.x_obs, self.x_next = z(rows, f), z(rows, f)
+        self.x_obs = z(rows, f)
+        """The model input of the windows of s (the embedding's gradient reads it)."""
         self.main = _Pass(cfg, batch, xp, save=True)
         self.side = [_Pass(cfg, batch, xp, save=False) for _ in range(sides)]
         self.q_s, self.r_s = z(batch, nq), z(batch, nr)
