@@ -17,7 +17,8 @@ Keys (README "Benchmarks"):
   configuration, 32 by default).
 * ``train_samples_per_s``: samples per second of the trainer's update at batch ``--train-batch``
   (4096): on a CUDA device the fused kernels ``train`` runs (:mod:`agent.kernels.train`: target
-  networks on s', forward, losses, backward, clipping, Adam, target sync), else (and for models
+  networks on s', forward, losses, backward, clipping, Adam, target sync), replayed from a
+  captured graph as the trainer replays it, else (and for models
   too large for them) the array code's forward + backward + clipping + Adam; ``train_kind`` says
   which.
 * With ``--device cuda``, ``decisions_per_s_vs_cpu`` and ``train_vs_cpu``: the ratios to the
@@ -215,7 +216,9 @@ def _train_samples_per_s(cfg: ModelConfig, backend: Backend, batch: int, steps: 
 
 
 def _fused_samples_per_s(cfg: ModelConfig, batch: int, steps: int) -> float:
-    """The fused update (agent.kernels.train) on random windows of a 100k-bar feature table."""
+    """The fused update (agent.kernels.train) on random windows of a 100k-bar feature table,
+    replayed from a captured CUDA graph on a stream of its own, as the trainer runs it
+    (:class:`agent.train.cuda_learner.CudaLearner`)."""
     cp = cupy()
     rng = np.random.default_rng(4)
     layout = train_layout(cfg)
@@ -238,23 +241,30 @@ def _fused_samples_per_s(cfg: ModelConfig, batch: int, steps: int) -> float:
     settings = UpdateSettings(
         lr=2.5e-4, eps=3.125e-4, max_norm=10.0, target_mode=1, rho=0.005, hard_every=1000, ret_weight=1.0
     )
-    update = FusedUpdate(
-        cfg,
-        settings,
-        xp=cp,
-        get=get,
-        packed=pack_train(init_params(cfg, rng), cfg),
-        inputs=inputs,
-        ring_size=steps + 2,
-    )
-    update.feat = cp.asarray(rng.normal(size=(rows, cfg.n_features - 2)).astype(np.float32))
-    update.enqueue()
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        update = FusedUpdate(
+            cfg,
+            settings,
+            xp=cp,
+            get=get,
+            packed=pack_train(init_params(cfg, rng), cfg),
+            inputs=inputs,
+            ring_size=steps + 2,
+        )
+        update.feat = cp.asarray(rng.normal(size=(rows, cfg.n_features - 2)).astype(np.float32))
         update.enqueue()
-    cp.cuda.Device().synchronize()
-    return batch * steps / (time.perf_counter() - t0)
+        stream.synchronize()
+        stream.begin_capture()
+        update.enqueue()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            graph.launch(stream)
+        stream.synchronize()
+        return batch * steps / (time.perf_counter() - t0)
 
 
 def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
