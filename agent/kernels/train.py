@@ -775,7 +775,7 @@ class _Lane:
 
 class _Lanes:
     """Streams beside the update's own: on the device a stream each, forked from the stream
-    current at construction after the windows are built and joined back before the loss, so that
+    current at construction at the start of an update and joined back before the loss, so that
     the next-state passes run beside each other and beside the forward on s; in the backward the
     first lane takes each block's weight gradients as soon as the block's gzx is written
     (:meth:`hand`) and joins back before the norm of the gradient. A captured graph keeps the
