@@ -50,57 +50,78 @@ struct TrainStats {
 #define TR_DV ((MF_D + 31) / 32)
 
 // ---------------------------------------------------------------------------------------------
-// A pass's first rows, a warp a row (row i: step k = i % K of window b = i / K): the model input
-// x (market row t[b] - K + 1 + k of feat, then the sample's TR_AGENT agent columns), kept in
-// x_out when has_x (the backward's embedding gradient reads it); the residual stream's first
-// value h = x W_emb + b_emb; the first block's pre-norm r = 1 / rms(h), u = h r w. The lanes
-// hold x a feature each (32 at a time) and hand it round by shuffles; lane l sums the outputs
-// l, l + 32, ...
+// A pass's first rows, a warp TR_EMBED_ROWS rows (row i: step k = i % K of window b = i / K):
+// the model input x (market row t[b] - K + 1 + k of feat, then the sample's TR_AGENT agent
+// columns), kept in x_out when has_x (the backward's embedding gradient reads it); the residual
+// stream's first value h = x W_emb + b_emb; the first block's pre-norm r = 1 / rms(h),
+// u = h r w. The lanes hold x a feature each (32 at a time, every row's gathered at once) and
+// hand it round by shuffles; lane l sums the outputs l, l + 32, ..., each weight it reads serving
+// the warp's rows.
+#define TR_EMBED_ROWS 4
 
 extern "C" __global__ void __launch_bounds__(TR_ROW_THREADS)
 embed_kernel(const float* __restrict__ P, const float* __restrict__ feat, const long long* __restrict__ t,
              const float* __restrict__ agent, float* __restrict__ x_out, int has_x, float* __restrict__ h,
              float* __restrict__ u, float* __restrict__ r, int rows) {
-    const int i = blockIdx.x * (TR_ROW_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (i >= rows) return;
-    const int b = i / MF_K, k = i % MF_K;
-    const long long bar = t[b] - MF_K + 1 + k;
+    const int lane = threadIdx.x & 31;
+    const int i0 = (blockIdx.x * (TR_ROW_THREADS / 32) + (threadIdx.x >> 5)) * TR_EMBED_ROWS;
+    if (i0 >= rows) return;
     const float* w_emb = P + OFF_EMB_WT;
-    float acc[TR_DV];
+    float acc[TR_EMBED_ROWS][TR_DV];
 #pragma unroll
     for (int q = 0; q < TR_DV; ++q) {
         const int j = q * 32 + lane;
-        acc[q] = j < MF_D ? __ldg(P + OFF_EMB_B + j) : 0.0f;
+        const float bias = j < MF_D ? __ldg(P + OFF_EMB_B + j) : 0.0f;
+#pragma unroll
+        for (int e = 0; e < TR_EMBED_ROWS; ++e) acc[e][q] = bias;
     }
     for (int f0 = 0; f0 < MF_F; f0 += 32) {
         const int f = f0 + lane;
-        float xv = 0.0f;
-        if (f < MF_F) {
-            xv = f < TR_FM ? feat[(size_t)bar * TR_FM + f] : agent[(size_t)i * TR_AGENT + (f - TR_FM)];
-            if (has_x) x_out[(size_t)i * MF_F + f] = xv;
+        float xv[TR_EMBED_ROWS];
+#pragma unroll
+        for (int e = 0; e < TR_EMBED_ROWS; ++e) {
+            const int i = i0 + e;
+            float v = 0.0f;
+            if (i < rows && f < MF_F) {
+                const long long bar = t[i / MF_K] - MF_K + 1 + i % MF_K;
+                v = f < TR_FM ? feat[(size_t)bar * TR_FM + f] : agent[(size_t)i * TR_AGENT + (f - TR_FM)];
+                if (has_x) x_out[(size_t)i * MF_F + f] = v;
+            }
+            xv[e] = v;
         }
         const int n = min(32, MF_F - f0);
-        for (int e = 0; e < n; ++e) {
-            const float xe = __shfl_sync(0xffffffffu, xv, e);
+        for (int c = 0; c < n; ++c) {
+            float w[TR_DV];
 #pragma unroll
             for (int q = 0; q < TR_DV; ++q) {
                 const int j = q * 32 + lane;
-                if (j < MF_D) acc[q] += xe * __ldg(w_emb + (size_t)(f0 + e) * MF_D + j);
+                w[q] = j < MF_D ? __ldg(w_emb + (size_t)(f0 + c) * MF_D + j) : 0.0f;
+            }
+#pragma unroll
+            for (int e = 0; e < TR_EMBED_ROWS; ++e) {
+                const float xc = __shfl_sync(0xffffffffu, xv[e], c);
+#pragma unroll
+                for (int q = 0; q < TR_DV; ++q) acc[e][q] += xc * w[q];
             }
         }
     }
-    float ss = 0.0f;
-#pragma unroll
-    for (int q = 0; q < TR_DV; ++q) ss += acc[q] * acc[q];
-    const float inv = 1.0f / sqrtf(mf_warp_sum(ss) / (float)MF_D + MF_EPS);
-    if (lane == 0) r[i] = inv;
     const float* w = P + OFF_BLOCKS + BLK_NORM;
 #pragma unroll
-    for (int q = 0; q < TR_DV; ++q) {
-        const int j = q * 32 + lane;
-        if (j < MF_D) {
-            h[(size_t)i * MF_D + j] = acc[q];
-            u[(size_t)i * MF_D + j] = acc[q] * inv * __ldg(w + j);
+    for (int e = 0; e < TR_EMBED_ROWS; ++e) {
+        const int i = i0 + e;
+        if (i >= rows) break;
+        float ss = 0.0f;
+#pragma unroll
+        for (int q = 0; q < TR_DV; ++q) ss += acc[e][q] * acc[e][q];
+        const float inv = 1.0f / sqrtf(mf_warp_sum(ss) / (float)MF_D + MF_EPS);
+        if (lane == 0) r[i] = inv;
+#pragma unroll
+        for (int q = 0; q < TR_DV; ++q) {
+            const int j = q * 32 + lane;
+            if (j < MF_D) {
+                h[(size_t)i * MF_D + j] = acc[e][q];
+                u[(size_t)i * MF_D + j] = acc[e][q] * inv * __ldg(w + j);
+            }
         }
     }
 }

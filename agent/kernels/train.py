@@ -366,9 +366,9 @@ class FusedUpdate:
 
     # the network over the batch ---------------------------------------------------------------
 
-    def _rows(self, fn: str, rows: int, args: tuple[Any, ...]) -> None:
+    def _rows(self, fn: str, rows: int, args: tuple[Any, ...], per_warp: int = 1) -> None:
         warps = _ROW_THREADS // 32
-        self._get(fn)((-(-rows // warps),), (_ROW_THREADS,), args)
+        self._get(fn)((-(-rows // (warps * per_warp)),), (_ROW_THREADS,), args)
 
     def _norm(
         self,
@@ -435,6 +435,7 @@ class FusedUpdate:
                 acts.r[0],
                 np.int32(rows),
             ),
+            per_warp=_EMBED_ROWS,
         )
         for layer in range(cfg.n_layers):
             last = layer == cfg.n_layers - 1
@@ -681,6 +682,8 @@ class FusedUpdate:
 
 _ROW_THREADS = 256
 """Threads a block of the row kernels (``TR_ROW_THREADS``: a warp a row)."""
+_EMBED_ROWS = 4
+"""Rows a warp of ``embed_kernel`` (``TR_EMBED_ROWS``)."""
 
 
 def _matmul(xp: Any) -> MatMul:
