@@ -4,8 +4,9 @@ the acting forward of the rollouts.
 An update on a batch of B transitions is one stream of launches, captured once per batch size as
 a CUDA graph by :class:`agent.train.cuda_learner.CudaLearner` (:class:`FusedUpdate`): the
 network over the batch's B * K rows at once, for the online and target networks on s' and the
-online network on s, with the projections and every weight gradient as matrix products (cuBLAS)
-and these kernels between them:
+online network on s, with the projections and every weight gradient as matrix products
+(:class:`agent.kernels.blas.StreamGemm`: the tensor cores' ``gemm.cu`` or cuBLAS) and these
+kernels between them:
 
 ========================  ==========  ===========================================================
 kernel                    grid        what
@@ -286,7 +287,8 @@ def input_shape(name: str, batch: int, cfg: ModelConfig, n_agent: int = 2) -> tu
 
 class FusedUpdate:
     """Device state of the learner and the launches of one update (any array module with a
-    kernel getter: CuPy, cuBLAS and NVRTC in production, NumPy and the CPU emulation in the tests).
+    kernel getter: CuPy, the stream products and NVRTC in production, NumPy and the CPU emulation
+    in the tests).
 
     Buffers (``xp`` arrays): ``params``, ``target`` (the packed online and target networks;
     ``target`` is ``params`` itself when ``target_mode`` is 0), ``m``, ``v``, ``grad`` (the
@@ -297,12 +299,13 @@ class FusedUpdate:
     (:data:`INPUTS`). ``layout``: the one the kernels were compiled with (default
     ``train_layout(cfg)``).
 
-    The network runs over the batch's B * K rows at once: the projections and the weight
-    gradients are matrix products (``xp.matmul`` into preallocated outputs: cuBLAS on the device,
-    deterministic), the norms row kernels, and what runs along a window's steps a kernel with a
-    block a window (``mid_forward_kernel``, ``mid_backward_kernel``). Sums over rows (biases,
-    norm weights, the small parameters' per-window gradients) are products with a row of ones.
-    Every entry of the gradient is written once an update; its padding is never written (zero).
+    The network runs over the batch's B * K rows at once: the projections and the weight gradients
+    are matrix products (into preallocated outputs; on the device
+    :class:`~agent.kernels.blas.StreamGemm`, deterministic), the norms row kernels, and what runs
+    along a window's steps a kernel with a block a window (``mid_forward_kernel``,
+    ``mid_backward_kernel``). Sums over rows (biases, norm weights, the small parameters'
+    per-window gradients) are products with a row of ones. Every entry of the gradient is written
+    once an update; its padding is never written (zero).
     """
 
     def __init__(
@@ -689,8 +692,8 @@ _EMBED_ROWS = 4
 def _matmul(xp: Any) -> MatMul:
     """The products of an update (operands and ``out`` views with a unit stride: blocks of
     columns, every K-th row and transposes are read and written as they lie). On the device one
-    cuBLAS sgemm on the stream current now, with no allocation and valid inside a capture
-    (:class:`agent.kernels.blas.StreamGemm`)."""
+    product on the stream current now (``gemm.cu`` or cuBLAS sgemm), with no allocation and valid
+    inside a capture (:class:`agent.kernels.blas.StreamGemm`)."""
     if xp is np:
 
         def host(a: Any, b: Any, out: Any, accumulate: bool = False) -> None:
