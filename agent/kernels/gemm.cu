@@ -57,34 +57,31 @@ __device__ __forceinline__ void gm_copy(float* dst, const float* src, int valid)
 #define GM_A_FLOATS (GM_BM * GM_LDA)
 #define GM_B_FLOATS (GM_BK * GM_LDB > GM_BN * GM_LDBT ? GM_BK * GM_LDB : GM_BN * GM_LDBT)
 
-// Slice [k0, k0 + GM_BK) of the block's rows of A and columns of B into shared memory, 16
-// bytes a copy (every row of both operands starts on a 16-byte boundary).
+// Rows [r0, r0 + R) and columns [c0, c0 + C) of a row-major matrix (row stride ld; rows from
+// rlim and columns from clim on read as zero) into shared memory with row pitch LD, 16 bytes a
+// copy (every row of the matrix starts on a 16-byte boundary).
+template <int R, int C, int LD>
+__device__ __forceinline__ void gm_tile(float* dst, const float* __restrict__ src, int ld, int r0, int rlim, int c0,
+                                        int clim) {
+    constexpr int CW = C / 4;
+#pragma unroll
+    for (int i = threadIdx.x; i < R * CW; i += GM_THREADS) {
+        const int r = i / CW, c = (i % CW) * 4;
+        const int valid = r0 + r < rlim ? max(0, min(4, clim - c0 - c)) : 0;
+        gm_copy(dst + r * LD + c, valid ? src + (size_t)(r0 + r) * ld + c0 + c : src, valid);
+    }
+}
+
+// Slice [k0, k0 + GM_BK) of the block's rows of A and columns of B into shared memory.
 template <bool BT>
 __device__ __forceinline__ void gm_stage(float* as, float* bs, const float* __restrict__ a, int lda,
                                          const float* __restrict__ b, int ldb, int row0, int col0, int k0, int m,
                                          int n, int k) {
-    constexpr int AW = GM_BK / 4;
-#pragma unroll
-    for (int i = threadIdx.x; i < GM_BM * AW; i += GM_THREADS) {
-        const int r = i / AW, kk = (i % AW) * 4;
-        const int valid = row0 + r < m ? max(0, min(4, k - k0 - kk)) : 0;
-        gm_copy(as + r * GM_LDA + kk, valid ? a + (size_t)(row0 + r) * lda + k0 + kk : a, valid);
-    }
-    if constexpr (BT) {
-#pragma unroll
-        for (int i = threadIdx.x; i < GM_BN * AW; i += GM_THREADS) {
-            const int c = i / AW, kk = (i % AW) * 4;
-            const int valid = col0 + c < n ? max(0, min(4, k - k0 - kk)) : 0;
-            gm_copy(bs + c * GM_LDBT + kk, valid ? b + (size_t)(col0 + c) * ldb + k0 + kk : b, valid);
-        }
+    gm_tile<GM_BM, GM_BK, GM_LDA>(as, a, lda, row0, m, k0, k);
+    if constexpr (BT) {  // B's columns are the rows of its transpose
+        gm_tile<GM_BN, GM_BK, GM_LDBT>(bs, b, ldb, col0, n, k0, k);
     } else {
-        constexpr int BW = GM_BN / 4;
-#pragma unroll
-        for (int i = threadIdx.x; i < GM_BK * BW; i += GM_THREADS) {
-            const int kk = i / BW, c = (i % BW) * 4;
-            const int valid = k0 + kk < k ? max(0, min(4, n - col0 - c)) : 0;
-            gm_copy(bs + kk * GM_LDB + c, valid ? b + (size_t)(k0 + kk) * ldb + col0 + c : b, valid);
-        }
+        gm_tile<GM_BK, GM_BN, GM_LDB>(bs, b, ldb, k0, k, col0, n);
     }
 }
 

@@ -5,6 +5,7 @@ replayed, against NumPy in float64."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -19,8 +20,11 @@ pytestmark = pytest.mark.gpu
 K = 4
 """Rows a window (every K-th row is a window's last step)."""
 
+Case = tuple[str, Any, Any, Any, bool]
+"""(name, a, b, out, accumulate)."""
 
-def _cases(cp: ModuleType, rng: np.random.Generator) -> list[tuple[str, Any, Any, Any, bool]]:
+
+def _cases(cp: ModuleType, rng: np.random.Generator) -> list[Case]:
     def r(*shape: int) -> Any:
         return cp.asarray(rng.normal(size=shape).astype(np.float32))
 
@@ -44,13 +48,15 @@ def _want(a: Any, b: Any, out: Any, accumulate: bool) -> np.ndarray:
     return base + a64 @ b64
 
 
-@pytest.mark.parametrize("captured", [False, True], ids=["direct", "graph"])
-def test_products_of_every_operand_form(cp: ModuleType, captured: bool) -> None:
-    rng = np.random.default_rng(1)
+def _run(
+    cp: ModuleType, make: Callable[[], list[Case]], captured: bool
+) -> tuple[list[Case], list[np.ndarray]]:
+    """The cases ``make`` builds, each product enqueued on one stream's ``StreamGemm`` (captured
+    as a graph and launched when ``captured``), and what NumPy computes in float64 beforehand."""
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         gemm = StreamGemm(stream)
-        cases = _cases(cp, rng)
+        cases = make()
         wants = [_want(a, b, out, acc) for _, a, b, out, acc in cases]
         if captured:
             stream.begin_capture()
@@ -59,6 +65,13 @@ def test_products_of_every_operand_form(cp: ModuleType, captured: bool) -> None:
         if captured:
             stream.end_capture().launch(stream)
         stream.synchronize()
+    return cases, wants
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["direct", "graph"])
+def test_products_of_every_operand_form(cp: ModuleType, captured: bool) -> None:
+    rng = np.random.default_rng(1)
+    cases, wants = _run(cp, lambda: _cases(cp, rng), captured)
     for (name, _, _, out, _), want in zip(cases, wants, strict=True):
         np.testing.assert_allclose(out.get(), want, rtol=1e-5, atol=1e-5, err_msg=name)
 
@@ -72,7 +85,7 @@ def test_an_operand_without_a_unit_stride_is_refused(cp: ModuleType) -> None:
         gemm(a[:4, :4], a[:4, :4], cp.zeros((4, 4), dtype=np.float32).T)
 
 
-def _tall_cases(cp: ModuleType, rng: np.random.Generator) -> list[tuple[str, Any, Any, Any, bool]]:
+def _tall_cases(cp: ModuleType, rng: np.random.Generator) -> list[Case]:
     """The update's projections over B * K rows (the products ``gemm.cu`` takes: many rows, a
     row-major left operand), and one with every edge off the kernel's tiles (rows, columns and
     the inner dimension not multiples of 128, 64 and 16)."""
@@ -105,20 +118,9 @@ def test_tall_products_on_the_tensor_cores_keep_float32_accuracy(cp: ModuleType,
     """3xTF32 within float32's rounding of the sums: 1e-5 relative and 1e-5 sqrt(k) absolute
     (a single TF32 pass, 10 bits of mantissa, misses by ~5e-3 at k = 296)."""
     rng = np.random.default_rng(2)
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        gemm = StreamGemm(stream)
-        cases = _tall_cases(cp, rng)
-        for name, a, b, _, _ in cases:
-            assert on_tensor_cores(a, b), name
-        wants = [_want(a, b, out, acc) for _, a, b, out, acc in cases]
-        if captured:
-            stream.begin_capture()
-        for _, a, b, out, acc in cases:
-            gemm(a, b, out, accumulate=acc)
-        if captured:
-            stream.end_capture().launch(stream)
-        stream.synchronize()
+    cases, wants = _run(cp, lambda: _tall_cases(cp, rng), captured)
+    for name, a, b, _, _ in cases:
+        assert on_tensor_cores(a, b), name
     for (name, a, _, out, _), want in zip(cases, wants, strict=True):
         scale = np.sqrt(a.shape[1])
         np.testing.assert_allclose(out.get(), want, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
