@@ -44,19 +44,19 @@ _TC_THREADS = 128
 _TC_SLICE, _TC_STAGES = 16, 4
 """The inner dimension's slices (GM_BK) and how many a block holds (GM_STAGES: three in flight
 while the tensor cores work on the fourth)."""
-
-
-def _tc_shared_bytes(bk: int, stages: int) -> int:
-    """Dynamic shared memory of ``gemm.cu``: its padded slices of A (GM_BM x (GM_BK + 4)) and of B
-    (the larger of GM_BK x (GM_BN + 8) and its transpose's GM_BN x (GM_BK + 4)), a stage each."""
-    bm, bn = _TC_TILE
-    return 4 * stages * (bm * (bk + 4) + max(bk * (bn + 8), bn * (bk + 4)))
+_TC_SHARED = (
+    4
+    * _TC_STAGES
+    * (_TC_TILE[0] * (_TC_SLICE + 4) + max(_TC_SLICE * (_TC_TILE[1] + 8), _TC_TILE[1] * (_TC_SLICE + 4)))
+)
+"""Dynamic shared memory of ``gemm.cu`` (bytes): its padded slices of A (GM_BM x (GM_BK + 4)) and
+of B (the larger of GM_BK x (GM_BN + 8) and its transpose's GM_BN x (GM_BK + 4)), a stage each."""
 
 
 @functools.cache
 def _tc_kernel(name: str) -> Any:
     product = kernel("gemm.cu", name, options=(f"-DGM_BK={_TC_SLICE}", f"-DGM_STAGES={_TC_STAGES}"))
-    product.max_dynamic_shared_size_bytes = _tc_shared_bytes(_TC_SLICE, _TC_STAGES)
+    product.max_dynamic_shared_size_bytes = _TC_SHARED
     return product
 
 
@@ -115,12 +115,21 @@ def on_tensor_cores(a: Any, b: Any) -> bool:
     """Whether ``StreamGemm`` computes ``a @ b`` with ``gemm.cu``: a row-major ``a`` (unit column
     stride) of many rows, a non-empty product, and every row of both operands on a 16-byte
     boundary (``gemm.cu`` copies 16 bytes at a time)."""
-    (m, k), n = a.shape, b.shape[1]
-    if not (_TC_ROWS[0] <= m <= _TC_ROWS[1] and k > 0 and n > 0):
-        return False
     op_a, lda = _operand(a, "operand a")
     _, ldb = _operand(b, "operand b")
-    return op_a == _OP_N and all(ld % 4 == 0 and x.data.ptr % 16 == 0 for ld, x in ((lda, a), (ldb, b)))
+    return _takes(a, b, op_a, lda, ldb)
+
+
+def _takes(a: Any, b: Any, op_a: int, lda: int, ldb: int) -> bool:
+    """:func:`on_tensor_cores` given the operands' forms (:func:`_operand`)."""
+    (m, k), n = a.shape, b.shape[1]
+    return (
+        op_a == _OP_N
+        and _TC_ROWS[0] <= m <= _TC_ROWS[1]
+        and k > 0
+        and n > 0
+        and all(ld % 4 == 0 and x.data.ptr % 16 == 0 for ld, x in ((lda, a), (ldb, b)))
+    )
 
 
 class StreamGemm:
@@ -162,7 +171,7 @@ class StreamGemm:
         # transpose column-major (no operation), a column-major one is itself (transposed).
         op_b, ldb = _operand(b, "operand b")
         op_a, lda = _operand(a, "operand a")
-        if on_tensor_cores(a, b):
+        if _takes(a, b, op_a, lda, ldb):
             bm, bn = _TC_TILE
             product = _tc_kernel("gemm_tf32x3_nn" if op_b == _OP_N else "gemm_tf32x3_nt")
             with self.stream:
@@ -181,7 +190,7 @@ class StreamGemm:
                         np.int32(k),
                         np.int32(accumulate),
                     ),
-                    shared_mem=_tc_shared_bytes(_TC_SLICE, _TC_STAGES),
+                    shared_mem=_TC_SHARED,
                 )
             return
         status = self._lib.cublasSgemm_v2(
