@@ -4,8 +4,9 @@ CUDA graph.
 Per decision batch of B rows padded to a bucket b in (1, 2, 4, ..., max_batch), the bucket's
 graph runs one kernel (:mod:`agent.kernels.decide`): each thread block pushes its row into
 the slot's window and takes it through the encoder, both heads, Thompson and Kelly. Buckets up
-to :data:`LATENCY_BUCKET` rows use the forward's latency variant (weights staged in shared
-memory, every thread on every stage), larger ones the throughput variant.
+to :data:`CLUSTER_BUCKET` rows use the forward's cluster variant (a window split over a cluster
+of blocks by heads), up to :data:`LATENCY_BUCKET` rows its latency variant (weights staged in
+shared memory, every thread on every stage), larger ones the throughput variant.
 
 Inputs (feature rows, slots, health, positions, regime scale) and the output records live in
 pinned mapped host memory (:mod:`agent.gpu.pinned`) that the kernel reads and writes
@@ -32,14 +33,16 @@ from agent.gpu.pinned import MappedArray, mapped_empty
 from agent.gpu.runner import Batch, Costs, RawDecision, column_error
 from agent.kernels.decide import decide, decide_variant, out_dtype
 from agent.kernels.loader import cupy
-from agent.kernels.mamba_forward import pack_params
+from agent.kernels.mamba_forward import CLUSTER, cluster_ranks, pack_params
 from agent.model.checkpoint import Checkpoint
 from agent.model.config import ModelConfig
 from agent.model.heads import ACTIONS, c51_support, return_bin_centres
 from agent.policy.config import PolicyConfig
 
-__all__ = ["LATENCY_BUCKET", "CudaRunner", "batch_buckets"]
+__all__ = ["CLUSTER_BUCKET", "LATENCY_BUCKET", "CudaRunner", "batch_buckets"]
 
+CLUSTER_BUCKET = 16
+"""Buckets up to this size run the forward's cluster variant (a cluster of blocks a window)."""
 LATENCY_BUCKET = 64
 """Buckets up to this size run the forward's latency variant (one block a multiprocessor:
 the H200's 132 hold 64 windows in one wave); larger ones the throughput variant."""
@@ -96,6 +99,8 @@ class _Weights:
 
     config: ModelConfig
     packed: Any
+    packed_split: Any
+    """The cluster variant's packing (its ranks' shares)."""
     support: Any  # (atoms,) float32
     centres32: Any  # (bins,) float32
     centres64: Any  # (bins,) float64
@@ -149,9 +154,11 @@ class CudaRunner:
         cfg = checkpoint.config
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
+            pack = (checkpoint.params, cfg, checkpoint.norm_mean, checkpoint.norm_std)
             weights = _Weights(
                 cfg,
-                cp.asarray(pack_params(checkpoint.params, cfg, checkpoint.norm_mean, checkpoint.norm_std)),
+                cp.asarray(pack_params(*pack)),
+                cp.asarray(pack_params(*pack, cluster_ranks(cfg, CLUSTER))),
                 c51_support(cfg, cp),
                 return_bin_centres(cfg, cp),
                 return_bin_centres(cfg, cp, np.float64),
@@ -160,7 +167,7 @@ class CudaRunner:
             # (slot -1) on private scratch touches no shared state.
             scratch = {name: cp.zeros_like(view) for name, view in self.io.device.items()}
             scratch["slots"][...] = -1
-            for bucket in (1, self.max_batch):
+            for bucket in sorted({1, min(self.max_batch, LATENCY_BUCKET), self.max_batch}):
                 self._enqueue(weights, bucket, scratch)
             stream.synchronize()
             graphs = {}
@@ -176,10 +183,11 @@ class CudaRunner:
     def _enqueue(self, weights: _Weights, n: int, io: dict[str, Any]) -> None:
         """Launch the decision kernel for rows [0, n) of ``io`` on the current stream."""
         cfg = weights.config
+        variant = decide_variant(cfg, n, CLUSTER_BUCKET, LATENCY_BUCKET, self._max_shared)
         decide(
-            weights.packed,
+            weights.packed_split if variant.split else weights.packed,
             cfg,
-            decide_variant(cfg, n, LATENCY_BUCKET, self._max_shared),
+            variant,
             support=weights.support,
             centres32=weights.centres32,
             centres64=weights.centres64,

@@ -14,6 +14,9 @@
 // A row is pushed when healthy and every feature is finite; it is valid (sized, else its
 // position is kept) when pushed and the slot has K bars; its Thompson key is the slot's step.
 // Out: one DecideOut record per row (pinned mapped host memory).
+// MF_CL blocks a row (a cluster, mamba_forward.cuh): every rank pushes and normalises the window
+// for itself; rank 0 alone keeps the slot's counters, writes the pushed window back (once the
+// cluster is past its first barrier, when every rank has read the old one) and runs the tail.
 
 #include "kelly.cuh"
 #include "mamba_forward.cuh"
@@ -37,7 +40,7 @@ struct DecideOut {
 
 static_assert(MF_F <= MF_THREADS && MF_F <= MF_K * MF_D, "one thread and one staging float a feature");
 
-extern "C" __global__ void __launch_bounds__(MF_THREADS)
+extern "C" __global__ void MF_CLUSTER_DIMS __launch_bounds__(MF_THREADS)
 decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
               const float* __restrict__ centres32, const double* __restrict__ centres64,
               float* __restrict__ window, unsigned long long* __restrict__ bars,
@@ -52,14 +55,18 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
     __shared__ int row_position, row_valid;
     __shared__ float row_regime, row_spread;
     __shared__ float row_q[MF_A];
-    const int b = blockIdx.x;
+    const int b = blockIdx.x / MF_CL;
+    const bool lead = mf_rank() == 0;  // the row's bookkeeping and tail (the block, outside clusters)
+#if MF_CL > 1
+    P += (size_t)mf_rank() * MF_PSTRIDE;
+#endif
     // Every read of host memory is issued here, at once: one PCIe round trip, not one a stage.
     const int s = slot[b];
     const bool ok = healthy[b] != 0;
     const float fresh = threadIdx.x < MF_F ? rows[(size_t)b * MF_F + threadIdx.x] : 0.0f;
     int pos = 0;
     float reg = 0.0f;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && lead) {
         pos = position[b];
         reg = regime[b];
     }
@@ -69,7 +76,7 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         return;
     }
     unsigned long long seen = 0, step = 0;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && lead) {
         seen = bars[s];
         step = steps[s];
     }
@@ -87,7 +94,7 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         if (i < MF_K * MF_F) old[i] = win[i];
     }
     if (threadIdx.x < MF_F) row[threadIdx.x] = fresh;
-    if (threadIdx.x == spread_col) row_spread = fresh;  // visible after the barrier below
+    if (threadIdx.x == spread_col && lead) row_spread = fresh;  // visible after the barrier below
     const bool pushed = !__syncthreads_or(threadIdx.x < MF_F && !isfinite(fresh)) && ok;
     float raw[PER];
 #pragma unroll
@@ -102,10 +109,10 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         if (i < MF_K * MF_F) {
             const int f = i % MF_F;
             old[i] = (raw[r] - __ldg(P + OFF_MEAN + f)) / __ldg(P + OFF_STD + f);
-            if (pushed) win[i] = raw[r];
+            if (MF_CL == 1 && pushed) win[i] = raw[r];
         }
     }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && lead) {
         bars[s] = seen + (pushed ? 1ull : 0ull);
         steps[s] = step + 1ull;
         row_step = step;
@@ -114,7 +121,14 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         row_regime = reg;
     }
 
-    mf_forward(P, sm);
+    if (!mf_forward(P, sm)) return;
+    if (MF_CL > 1 && pushed) {
+#pragma unroll
+        for (int r = 0; r < PER; ++r) {
+            const int i = threadIdx.x + r * MF_THREADS;
+            if (i < MF_K * MF_F) win[i] = raw[r];
+        }
+    }
 
     // Softmax and moments: warp a < A the C51 row of action a, warp A the return head.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

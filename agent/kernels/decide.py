@@ -19,7 +19,15 @@ from typing import Any
 import numpy as np
 
 from agent.kernels.loader import cupy
-from agent.kernels.mamba_forward import LATENCY, THROUGHPUT, Variant, compiled, shared_bytes
+from agent.kernels.mamba_forward import (
+    CLUSTER,
+    LATENCY,
+    THROUGHPUT,
+    Variant,
+    cluster_ranks,
+    compiled,
+    shared_bytes,
+)
 from agent.model.config import ModelConfig
 from agent.policy.config import PolicyConfig
 from agent.policy.philox import Purpose
@@ -47,10 +55,15 @@ def out_dtype(n_actions: int) -> np.dtype[Any]:
     )
 
 
-def decide_variant(cfg: ModelConfig, rows: int, latency_rows: int, max_shared: int) -> Variant:
-    """The forward variant for a launch of ``rows`` rows: the latency variant up to
-    ``latency_rows`` rows when its staged weights fit in ``max_shared`` bytes of shared
-    memory per block, else the throughput variant."""
+def decide_variant(
+    cfg: ModelConfig, rows: int, cluster_rows: int, latency_rows: int, max_shared: int
+) -> Variant:
+    """The forward variant for a launch of ``rows`` rows: up to ``cluster_rows`` rows the
+    cluster variant (where the model splits over more than one rank), up to ``latency_rows``
+    the latency variant, when their staged weights fit in ``max_shared`` bytes of shared memory
+    per block; else the throughput variant."""
+    if rows <= cluster_rows and cluster_ranks(cfg, CLUSTER) > 1 and shared_bytes(cfg, CLUSTER) <= max_shared:
+        return CLUSTER
     if rows <= latency_rows and shared_bytes(cfg, LATENCY) <= max_shared:
         return LATENCY
     return THROUGHPUT
@@ -80,7 +93,8 @@ def decide(
 ) -> None:
     """Launch one decision per row on the current stream (CuPy arrays, see ``decide.cu``).
 
-    packed (total,) float32 from :func:`agent.kernels.mamba_forward.pack_params`; support
+    packed (total,) float32 from :func:`agent.kernels.mamba_forward.pack_params` (with the
+    variant's :func:`agent.kernels.mamba_forward.cluster_ranks`); support
     (atoms,) float32; centres32/centres64 (bins,) return-bin centres in ticks. Per slot:
     window (S, K, F) float32 raw features, bars and steps (S,) uint64 counters of rows pushed
     and decisions made (all three updated in place), tick_value (S,) float64. Per row: rows
@@ -96,7 +110,7 @@ def decide(
     fn, shared = compiled("decide.cu", "decide_kernel", cfg, variant)
     if n:
         fn(
-            (n,),
+            (n * cluster_ranks(cfg, variant),),
             (variant.threads,),
             (
                 packed,

@@ -5,17 +5,21 @@
 
 // P: packed parameters; window (slots, K, F) raw features; slot (B) int32 (< 0: padded row).
 // Out: q_logits (B, NQ), ret_logits (B, NR). Dynamic shared memory: MF_SHARED_FLOATS floats.
-extern "C" __global__ void __launch_bounds__(MF_THREADS)
+// MF_CL blocks a row (a cluster, rank r reading the share at P + r * MF_PSTRIDE).
+extern "C" __global__ void MF_CLUSTER_DIMS __launch_bounds__(MF_THREADS)
 mamba_forward_kernel(const float* __restrict__ P, const float* __restrict__ window,
                      const int* __restrict__ slot, float* __restrict__ q_logits,
                      float* __restrict__ ret_logits) {
     extern __shared__ __align__(16) float sm[];
-    const int b = blockIdx.x;
+    const int b = blockIdx.x / MF_CL;
     const int s = slot[b];
     if (s < 0) return;
+#if MF_CL > 1
+    P += (size_t)mf_rank() * MF_PSTRIDE;
+#endif
     mf_forward_begin(P, sm);
     mf_load_window(P, window + (size_t)s * MF_K * MF_F, sm);
-    mf_forward(P, sm);
+    if (!mf_forward(P, sm)) return;
     for (int j = threadIdx.x; j < MF_NQ + MF_NR; j += MF_THREADS) {
         if (j < MF_NQ) {
             q_logits[(size_t)b * MF_NQ + j] = sm[SM_LOGITS + j];

@@ -15,12 +15,28 @@
 //     MF_THREADS threads busy;
 //   * throughput (MF_STAGE 0): weights read through the L1 cache with row tiles of MF_TG
 //     (more reuse per load), several blocks per multiprocessor.
+//   * cluster (MF_CL > 1): a window on a thread-block cluster of MF_CL ranks, every rank the
+//     latency form of its share of the network: MF_DI, MF_H, MF_G (1) and MF_IP are one
+//     rank's (its MF_H heads, its group's B and C; packed as a model of that width, one share
+//     every MF_PSTRIDE floats), the embedding and the pre-norms computed by every rank alike.
+//     Two sums cross the cluster through distributed shared memory, each pushed by remote
+//     stores (which do not wait; remote loads would) and read locally after a cluster barrier:
+//     each gated norm's sum of squares over the MF_GRANKS ranks of a group (of MF_GW
+//     channels); and each out_proj, reduce-scattered (row t of every rank's partial product to
+//     rank t % MF_CL, which adds them to the residual in rank order) and all-gathered (the sum
+//     stored into every rank's residual stream), so the streams stay bitwise equal. Rank 0
+//     alone runs the heads.
 // In the last block only the last time step feeds the heads, so its gate, norm, out_proj and
 // residual run for t = K-1 only (the scan still runs over the whole window).
 #pragma once
 
 #define MF_CD (MF_DI + 2 * MF_G * MF_N)
+#ifndef MF_IP  // a cluster rank's in_proj is padded to a multiple of 4 columns
 #define MF_IP (2 * MF_DI + 2 * MF_G * MF_N + MF_H)
+#endif
+#ifndef MF_CL
+#define MF_CL 1  // blocks (cluster ranks) a window
+#endif
 #define MF_EPS 1e-5f
 #ifndef MF_THREADS
 #define MF_THREADS 256  // threads per block (one window per block)
@@ -33,6 +49,9 @@
 #endif
 #ifndef MF_ADAPT
 #define MF_ADAPT 0
+#endif
+#ifndef MF_FILL
+#define MF_FILL 1  // see mf_tile
 #endif
 // Chunks of steps the conv splits a channel into: as many as keep every (channel, chunk) item on
 // its own thread (then the conv reads all inputs, waits, and writes), else 1.
@@ -59,10 +78,22 @@
 #define SM_SMALL (SM_WHEAD + MF_R4(MF_D * MF_NQ) + MF_R4(MF_D * MF_NR))  // staged small parameters:
 #define SM_SMALL_L (MF_R4(MF_D) + BLK_WOUT_T - BLK_CONV_W)  // a block's norm, then conv_w .. gnorm_w
 #define SM_STAGED_END (SM_SMALL + MF_L * SM_SMALL_L + MF_R4(MF_D))  // ... and the final norm
+// Cluster exchange buffers: a gated norm's sums of squares (a slot of K per rank of the group),
+// the out_proj partial rows this rank owns (a slot of MF_OWN rows per rank).
+#define MF_OWN ((MF_K + MF_CL - 1) / MF_CL)
+#define SM_SS SM_STAGED_END
+#define SM_EX (SM_SS + MF_R4(MF_GRANKS * MF_K))
 static_assert(BLK_CONV_W < BLK_CONV_B && BLK_CONV_B < BLK_DT_BIAS && BLK_DT_BIAS < BLK_A && BLK_A < BLK_D &&
                   BLK_D < BLK_GNORM && BLK_GNORM < BLK_WOUT_T,
               "the small parameters staged as one run [BLK_CONV_W, BLK_WOUT_T) of a block's layout");
-#define MF_SHARED_FLOATS (MF_STAGE ? SM_STAGED_END : SM_WIN)
+#define MF_SHARED_FLOATS (MF_CL > 1 ? SM_EX + MF_CL * MF_OWN * MF_D : MF_STAGE ? SM_STAGED_END : SM_WIN)
+#if MF_CL > 1
+static_assert(MF_STAGE && MF_G == 1 && MF_D % 4 == 0,
+              "a cluster rank stages its weights, holds one group and sums residual rows as float4");
+#define MF_CLUSTER_DIMS __cluster_dims__(MF_CL, 1, 1)
+#else
+#define MF_CLUSTER_DIMS
+#endif
 
 // SiLU with the hardware exp2 and reciprocal (a few instructions instead of ~30): relative
 // error ~1e-6, far inside the forward's parity tolerance. For x -> -inf, exp(-x) -> inf and
@@ -75,6 +106,43 @@ __device__ __forceinline__ float mf_warp_sum(float v) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;
+}
+
+// This block's rank in its cluster (0 outside clusters).
+__device__ __forceinline__ int mf_rank() {
+#if MF_CL > 1
+#ifdef __CUDA_ARCH__
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+#else
+    return emu::cluster_rank();
+#endif
+#else
+    return 0;
+#endif
+}
+
+// The same shared-memory location (a pointer into this block's dynamic shared memory) in the
+// block of cluster rank `rank`: a generic pointer for plain loads and stores.
+__device__ __forceinline__ float* mf_peer(float* p, int rank) {
+#ifdef __CUDA_ARCH__
+    float* out;
+    asm("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));  // an address only: free to hoist
+    return out;
+#else
+    return emu::cluster_peer(p, rank);
+#endif
+}
+
+// Barrier of every thread of the cluster; the writes before it (shared memory of any rank
+// included) are visible after it.
+__device__ __forceinline__ void mf_cluster_sync() {
+#ifdef __CUDA_ARCH__
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    emu::cluster_sync();
+#endif
 }
 
 // Start copying n floats (rounded up to whole 16-byte chunks: the packed layout pads every
@@ -102,13 +170,14 @@ __device__ __forceinline__ void mf_stage_wait() {
 }
 
 // Row tile of a matmul over nt rows and ncols outputs: the throughput variant's MF_TG; the
-// latency variant's largest tile in {8, 4, 2, 1} that still gives every thread a work item, the
+// latency variant's largest tile in {8, 4, 2, 1} that still gives a work item to MF_THREADS /
+// MF_FILL threads (longer tiles read each weight for more rows: less shared-memory traffic), the
 // trainer's (MF_ADAPT) the same below MF_TG.
 __host__ __device__ constexpr int mf_tile(int ncols, int nt) {
     if (!MF_STAGE && !MF_ADAPT) return MF_TG;
     const int groups = (ncols % 4 == 0) ? ncols / 4 : ncols;
     for (int tg = MF_STAGE ? 8 : MF_TG; tg > 1; tg /= 2) {
-        if (groups * ((nt + tg - 1) / tg) >= MF_THREADS) return tg;
+        if (groups * ((nt + tg - 1) / tg) * MF_FILL >= MF_THREADS) return tg;
     }
     return 1;
 }
@@ -373,8 +442,9 @@ __device__ __forceinline__ void mf_forward_begin(const float* __restrict__ P, fl
 
 // The network on the window normalised into sm + SM_ZX ((K, F), written by the caller, no
 // barrier needed after it); leaves the q logits at sm + SM_LOGITS and the return logits at
-// sm + SM_LOGITS + MF_R4(MF_NQ), followed by a barrier.
-__device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* sm) {
+// sm + SM_LOGITS + MF_R4(MF_NQ), followed by a barrier, and returns true; in a cluster only
+// rank 0 does (P its share), the other ranks return false once the cluster needs them no more.
+__device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* sm) {
     float* hs = sm + SM_HS;
     float* us = sm + SM_US;
     float* zx = sm + SM_ZX;
@@ -410,10 +480,10 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
         }
         __syncthreads();
         if (MF_STAGE) {  // the next block's in_proj, or the heads after the last block
-            if (last) {
+            if (last && mf_rank() == 0) {
                 mf_stage(sm + SM_WHEAD, P + OFF_Q_WT, MF_D * MF_NQ);
                 mf_stage(sm + SM_WHEAD + MF_R4(MF_D * MF_NQ), P + OFF_R_WT, MF_D * MF_NR);
-            } else {
+            } else if (!last) {
                 mf_stage(sm + SM_WIN, blk + BLK_STRIDE + BLK_WIN_T, MF_D * MF_IP);
             }
         }
@@ -454,6 +524,7 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
         __syncthreads();
 
         // Gate before the norm: v = y * silu(z); grouped RMSNorm; o = vhat * gnorm_w (in place).
+        // In a cluster the group's sum of squares is the sum of its ranks' (rank order).
         {
             const int lane = threadIdx.x & 31;
             constexpr int GW = MF_DI / MF_G;
@@ -466,12 +537,30 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
                     row[MF_DI + i] = v;
                     ss += v * v;
                 }
-                const float r = 1.0f / sqrtf(mf_warp_sum(ss) / (float)GW + MF_EPS);
+                ss = mf_warp_sum(ss);
+#if MF_CL > 1
+                // Lane j < MF_GRANKS stores into group rank j's slot of this rank.
+                const int first = mf_rank() / MF_GRANKS * MF_GRANKS;
+                if (lane < MF_GRANKS) *mf_peer(sm + SM_SS + (mf_rank() - first) * MF_K + t, first + lane) = ss;
+#else
+                const float r = 1.0f / sqrtf(ss / (float)GW + MF_EPS);
                 __syncwarp();
                 for (int i = g * GW + lane; i < (g + 1) * GW; i += 32) {
                     row[MF_DI + i] = row[MF_DI + i] * r * mf_ld(mf_small(sm, blk, layer, BLK_GNORM) + i);
                 }
+#endif
             }
+#if MF_CL > 1
+            mf_cluster_sync();
+            for (int t = t_out + (threadIdx.x >> 5); t < MF_K; t += MF_WARPS) {
+                const float ss = mf_warp_sum(lane < MF_GRANKS ? sm[SM_SS + lane * MF_K + t] : 0.0f);
+                const float r = 1.0f / sqrtf(ss / (float)MF_GW + MF_EPS);
+                float* row = zx + t * MF_IP;
+                for (int i = lane; i < MF_DI; i += 32) {
+                    row[MF_DI + i] = row[MF_DI + i] * r * mf_ld(mf_small(sm, blk, layer, BLK_GNORM) + i);
+                }
+            }
+#endif
         }
         if (MF_STAGE) {
             mf_stage_wait();  // this block's out_proj (and the next stage's copy) has landed
@@ -479,14 +568,67 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
             __syncthreads();
         }
 
-        // out_proj and the residual: hs[t] += o[t] W_out^T.
+        // out_proj and the residual: hs[t] += o[t] W_out^T. In a cluster each rank's partial
+        // product (its channels) goes to its free pre-norm buffer, then across the cluster.
+        float* prod = MF_CL > 1 ? us : hs;
         if (last) {
-            mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, hs, MF_D, 0, MF_D, t_out, 1, true);
+            mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D, t_out, 1,
+                         MF_CL == 1);
         } else {
-            mf_matmul<mf_tile(MF_D, MF_K)>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, hs, MF_D, 0, MF_D,
-                                           0, MF_K, true);
+            mf_matmul<mf_tile(MF_D, MF_K)>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D,
+                                           0, MF_K, MF_CL == 1);
         }
+#if MF_CL > 1
+        {
+            constexpr int D4 = MF_D / 4;
+            const int me = mf_rank();
+            const float4* part = reinterpret_cast<const float4*>(us);
+            const float4* ex = reinterpret_cast<const float4*>(sm + SM_EX);
+            float4* h4 = reinterpret_cast<float4*>(hs);
+            __syncthreads();  // the partial product written
+            // Reduce-scatter: row t of this rank's partial into slot `me` of rank t % MF_CL (rank 0
+            // alone in the last block, which needs row K-1 only).
+            for (int i = t_out * D4 + threadIdx.x; i < MF_K * D4; i += MF_THREADS) {
+                const int t = i / D4;
+                const int owner = last ? 0 : t % MF_CL, row = last ? 0 : t / MF_CL;
+                float* dst = sm + SM_EX + ((me * MF_OWN + row) * D4 + i % D4) * 4;
+                *reinterpret_cast<float4*>(mf_peer(dst, owner)) = part[i];
+            }
+            mf_cluster_sync();
+            if (last && me != 0) return false;  // nothing reads this rank's memory any more
+            // The owned rows' sums (residual + ranks' partials in rank order), stored into every
+            // rank's residual stream (all-gather; in the last block rank 0's own).
+            for (int i = threadIdx.x; i < (last ? 1 : MF_OWN) * D4; i += MF_THREADS) {
+                const int row = i / D4, c = i % D4;
+                const int t = last ? MF_K - 1 : me + row * MF_CL;
+                if (t >= MF_K) continue;
+                float4 v = h4[t * D4 + c];
+#pragma unroll
+                for (int q = 0; q < MF_CL; ++q) {
+                    const float4 p = ex[(q * MF_OWN + row) * D4 + c];
+                    v.x += p.x;
+                    v.y += p.y;
+                    v.z += p.z;
+                    v.w += p.w;
+                }
+                if (last) {
+                    h4[t * D4 + c] = v;
+                } else {
+#pragma unroll
+                    for (int q = 0; q < MF_CL; ++q) {
+                        reinterpret_cast<float4*>(mf_peer(hs, q))[t * D4 + c] = v;
+                    }
+                }
+            }
+            if (last) {
+                __syncthreads();
+            } else {
+                mf_cluster_sync();
+            }
+        }
+#else
         __syncthreads();
+#endif
         if (MF_STAGE && !last) mf_stage(sm + SM_WOUT, blk + BLK_STRIDE + BLK_WOUT_T, MF_DI * MF_D);
     }
 
@@ -506,6 +648,7 @@ __device__ __forceinline__ void mf_forward(const float* __restrict__ P, float* s
         sm[SM_LOGITS + (q ? 0 : MF_R4(MF_NQ)) + jj] = acc;
     }
     __syncthreads();
+    return true;
 }
 
 // Normalise the window win (K, F) raw features into sm + SM_ZX.

@@ -24,11 +24,13 @@ from agent.model.network import forward
 from agent.model.params import block_prefix, param_shapes
 
 __all__ = [
+    "CLUSTER",
     "LATENCY",
     "THROUGHPUT",
     "VARIANTS",
     "ForwardLayout",
     "Variant",
+    "cluster_ranks",
     "compiled",
     "forward_layout",
     "mamba_forward",
@@ -51,6 +53,12 @@ class Variant:
     """Weights copied into shared memory stage by stage (one block a multiprocessor)."""
     adaptive: bool = False
     """Unstaged matmuls shrink their row tile below ``tile`` until every thread has work."""
+    split: bool = False
+    """A window is split over a thread-block cluster, one rank a share of the heads
+    (:func:`cluster_ranks`)."""
+    fill: int = 1
+    """Staged (and adaptive) matmuls take the longest row tile whose work items still occupy
+    ``threads / fill`` threads: above 1, fewer threads each reuse a weight over more rows."""
 
     def options(self) -> tuple[str, ...]:
         return (
@@ -58,15 +66,22 @@ class Variant:
             f"-DMF_TG={self.tile}",
             f"-DMF_STAGE={int(self.staged)}",
             f"-DMF_ADAPT={int(self.adaptive)}",
+            f"-DMF_FILL={self.fill}",
         )
 
 
-LATENCY = Variant("latency", 512, 4, staged=True)
+LATENCY = Variant("latency", 512, 4, staged=True, fill=2)
 """Small batches: every thread of the block on every stage, weights staged with cp.async."""
+CLUSTER = Variant("cluster", 256, 4, staged=True, split=True, fill=2)
+"""The fewest rows: each window on a cluster of blocks (one a multiprocessor), each rank
+staging and computing its heads' share of every layer, the residual stream reduced across the
+cluster through distributed shared memory."""
 THROUGHPUT = Variant("throughput", 256, 8, staged=False)
 """Large batches: weights through L1, longer row tiles (more reuse per load), two blocks a
 multiprocessor."""
-VARIANTS = {v.name: v for v in (LATENCY, THROUGHPUT)}
+VARIANTS = {v.name: v for v in (LATENCY, CLUSTER, THROUGHPUT)}
+MAX_CLUSTER = 8
+"""The portable thread-block cluster size limit."""
 _ALIGN = 4
 """Every tensor starts on a 16-byte boundary (float4 loads in the kernel)."""
 
@@ -95,20 +110,40 @@ class ForwardLayout:
     """NVRTC ``-D`` options that fix the shapes and offsets."""
 
 
+def cluster_ranks(cfg: ModelConfig, variant: Variant) -> int:
+    """Blocks a window of ``variant`` takes: 1, or for a split variant the largest cluster
+    (<= :data:`MAX_CLUSTER`) whose ranks hold whole heads of one group each (it divides the
+    heads and the groups divide it), for a ``d_model`` that is a multiple of 4."""
+    if variant.split:
+        for ranks in (MAX_CLUSTER, 4, 2):
+            if cfg.n_heads % ranks == 0 and ranks % cfg.ngroups == 0 and cfg.d_model % 4 == 0:
+                return ranks
+    return 1
+
+
 @functools.cache
-def forward_layout(cfg: ModelConfig) -> ForwardLayout:
-    """The packed layout for ``cfg`` (``n_features`` resolved)."""
+def forward_layout(cfg: ModelConfig, ranks: int = 1) -> ForwardLayout:
+    """The packed layout for ``cfg`` (``n_features`` resolved); with ``ranks`` > 1 (from
+    :func:`cluster_ranks`) the layout of one rank's share, of which the packed buffer holds
+    ``ranks`` (:func:`pack_params`): its heads' channels of in_proj (padded to a multiple of
+    4 columns), conv, dt, A, D, gated norm and out_proj, its group's B and C, and the whole of
+    the embedding, the norms and both heads."""
     param_shapes(cfg)  # raises ModelError while n_features is unresolved
-    d, di, f = cfg.d_model, cfg.d_inner, cfg.n_features
+    d, f = cfg.d_model, cfg.n_features
+    di, heads, groups = cfg.d_inner // ranks, cfg.n_heads // ranks, 1 if ranks > 1 else cfg.ngroups
+    ip = 2 * di + 2 * groups * cfg.d_state + heads
+    if ranks > 1:
+        ip = _aligned(ip)
+    conv = di + 2 * groups * cfg.d_state
     n_q, n_r = cfg.n_actions * cfg.n_atoms, cfg.return_bins
     block = {
         "BLK_NORM": d,
-        "BLK_WIN_T": cfg.in_proj_dim * d,
-        "BLK_CONV_W": cfg.conv_dim * cfg.d_conv,
-        "BLK_CONV_B": cfg.conv_dim,
-        "BLK_DT_BIAS": cfg.n_heads,
-        "BLK_A": cfg.n_heads,
-        "BLK_D": cfg.n_heads,
+        "BLK_WIN_T": ip * d,
+        "BLK_CONV_W": conv * cfg.d_conv,
+        "BLK_CONV_B": conv,
+        "BLK_DT_BIAS": heads,
+        "BLK_A": heads,
+        "BLK_D": heads,
         "BLK_GNORM": di,
         "BLK_WOUT_T": di * d,
     }
@@ -140,9 +175,9 @@ def forward_layout(cfg: ModelConfig) -> ForwardLayout:
         "MF_D": d,
         "MF_L": cfg.n_layers,
         "MF_DI": di,
-        "MF_H": cfg.n_heads,
+        "MF_H": heads,
         "MF_P": cfg.headdim,
-        "MF_G": cfg.ngroups,
+        "MF_G": groups,
         "MF_N": cfg.d_state,
         "MF_W": cfg.d_conv,
         "MF_NQ": n_q,
@@ -150,8 +185,16 @@ def forward_layout(cfg: ModelConfig) -> ForwardLayout:
         "MF_A": cfg.n_actions,
         "MF_ATOMS": cfg.n_atoms,
     }
+    if ranks > 1:
+        dims |= {
+            "MF_IP": ip,
+            "MF_CL": ranks,
+            "MF_GRANKS": ranks // cfg.ngroups,
+            "MF_GW": cfg.d_inner // cfg.ngroups,
+            "MF_PSTRIDE": pos,
+        }
     options = tuple(f"-D{k}={v}" for k, v in (dims | offsets).items())
-    k, ip = cfg.window, cfg.in_proj_dim
+    k = cfg.window
     # The SM_* layout of mamba_forward.cuh: activations, logits and probabilities, then the
     # staged in_proj, out_proj (or embedding) and head weights, then the small parameters (each
     # block's norm and its conv_w .. gnorm_w run, the final norm).
@@ -165,13 +208,14 @@ def forward_layout(cfg: ModelConfig) -> ForwardLayout:
         + _aligned(d * n_q)
         + _aligned(d * n_r)
         + small
+        + (_aligned(k * ranks // cfg.ngroups) + ranks * -(-k // ranks) * d if ranks > 1 else 0)  # SM_SS, SM_EX
     )
     return ForwardLayout(offsets, pos, shared, staged, options)
 
 
 def shared_bytes(cfg: ModelConfig, variant: Variant) -> int:
     """Dynamic shared memory of one block of ``variant``."""
-    layout = forward_layout(cfg)
+    layout = forward_layout(cfg, cluster_ranks(cfg, variant))
     return 4 * (layout.staged_floats if variant.staged else layout.shared_floats)
 
 
@@ -180,11 +224,56 @@ def pack_params(
     cfg: ModelConfig,
     feature_mean: npt.ArrayLike,
     feature_std: npt.ArrayLike,
+    ranks: int = 1,
 ) -> npt.NDArray[np.float32]:
     """The kernel's packed float32 buffer (host) from the model's parameter dict and the
     checkpoint's normalisation statistics (F,) each. Shapes are those of
-    :func:`agent.model.params.param_shapes`; the caller validates them first."""
-    layout = forward_layout(cfg)
+    :func:`agent.model.params.param_shapes`; the caller validates them first. With ``ranks``
+    > 1, the ``ranks`` shares of :func:`forward_layout` one after another."""
+    if ranks > 1:
+        return np.concatenate(
+            [
+                _pack(_share(params, cfg, ranks, r), cfg, feature_mean, feature_std, ranks)
+                for r in range(ranks)
+            ]
+        )
+    return _pack(params, cfg, feature_mean, feature_std, 1)
+
+
+def _share(params: Mapping[str, npt.ArrayLike], cfg: ModelConfig, ranks: int, rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s share of the parameters (its heads, their group's B and C; see
+    :func:`forward_layout`), named as the model's, with the share's shapes."""
+    di, h, n = cfg.d_inner, cfg.n_heads, cfg.d_state
+    dr, hr = di // ranks, h // ranks
+    g = rank * hr // (h // cfg.ngroups)
+    mine = np.arange(rank * dr, (rank + 1) * dr)
+    heads = np.arange(rank * hr, (rank + 1) * hr)
+    bc = np.concatenate([di + g * n + np.arange(n), di + cfg.ngroups * n + g * n + np.arange(n)])
+    rows = np.concatenate([mine, di + mine, di + bc, 2 * di + 2 * cfg.ngroups * n + heads])
+    share = dict(params)
+    for i in range(cfg.n_layers):
+        p = block_prefix(i)
+        w_in = np.asarray(params[p + "W_in"], dtype=np.float32)[rows]
+        pad = _aligned(w_in.shape[0]) - w_in.shape[0]
+        share[p + "W_in"] = np.concatenate([w_in, np.zeros((pad, w_in.shape[1]), np.float32)])
+        channels = np.concatenate([mine, bc])
+        share[p + "conv_w"] = np.asarray(params[p + "conv_w"])[channels]
+        share[p + "conv_b"] = np.asarray(params[p + "conv_b"])[channels]
+        for name in ("dt_bias", "A_log", "D"):
+            share[p + name] = np.asarray(params[p + name])[heads]
+        share[p + "gnorm_w"] = np.asarray(params[p + "gnorm_w"])[mine]
+        share[p + "W_out"] = np.asarray(params[p + "W_out"])[:, mine]
+    return share
+
+
+def _pack(
+    params: Mapping[str, npt.ArrayLike],
+    cfg: ModelConfig,
+    feature_mean: npt.ArrayLike,
+    feature_std: npt.ArrayLike,
+    ranks: int,
+) -> npt.NDArray[np.float32]:
+    layout = forward_layout(cfg, ranks)
     off = layout.offsets
     out = np.zeros(layout.total, dtype=np.float32)
 
@@ -254,7 +343,8 @@ def mamba_forward(
     window (S, K, F) float32, slots (B,) int32 (negative: padded row, outputs unwritten).
 
     Returns q_logits (B, A * atoms) and ret_logits (B, bins), float32; outputs may be
-    preallocated. The engine runs the same forward inside :func:`agent.kernels.decide.decide`.
+    preallocated. A split ``variant`` takes the buffer packed with its :func:`cluster_ranks`.
+    The engine runs the same forward inside :func:`agent.kernels.decide.decide`.
     """
     cp = cupy()
     rows = slots.shape[0]
@@ -262,14 +352,19 @@ def mamba_forward(
     ret_logits = cp.empty((rows, cfg.return_bins), cp.float32) if ret_logits is None else ret_logits
     fn, shared = compiled("mamba_forward.cu", "mamba_forward_kernel", cfg, variant)
     if rows:
-        fn((rows,), (variant.threads,), (packed, window, slots, q_logits, ret_logits), shared_mem=shared)
+        fn(
+            (rows * cluster_ranks(cfg, variant),),
+            (variant.threads,),
+            (packed, window, slots, q_logits, ret_logits),
+            shared_mem=shared,
+        )
     return q_logits, ret_logits
 
 
 def compiled(file: str, name: str, cfg: ModelConfig, variant: Variant) -> tuple[Any, int]:
     """Kernel ``name`` of ``file`` (which includes ``mamba_forward.cuh``) compiled for ``cfg``
     and ``variant``, opted in to its dynamic shared memory; and that many bytes."""
-    options = (*forward_layout(cfg).options, *variant.options())
+    options = (*forward_layout(cfg, cluster_ranks(cfg, variant)).options, *variant.options())
     fn = kernel(file, name, options=options)
     shared = shared_bytes(cfg, variant)
     if (file, options) not in _OPTED_IN:  # above 48 KiB of shared memory a kernel must opt in, once

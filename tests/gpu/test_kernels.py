@@ -19,7 +19,7 @@ import pytest
 
 from agent.kernels.decide import decide, out_dtype
 from agent.kernels.kelly import kelly_size, kelly_size_ref
-from agent.kernels.mamba_forward import VARIANTS, mamba_forward, mamba_forward_ref, pack_params
+from agent.kernels.mamba_forward import VARIANTS, cluster_ranks, mamba_forward, mamba_forward_ref, pack_params
 from agent.kernels.philox import philox4x32, philox4x32_ref
 from agent.kernels.softmax_ev import softmax_ev, softmax_ev_ref
 from agent.kernels.thompson import thompson, thompson_ref
@@ -174,7 +174,9 @@ def test_fused_forward_matches_model_forward(cp: ModuleType, cfg: ModelConfig, v
     window = (rng.normal(size=(slots_n, cfg.window, cfg.n_features)) * 2).astype(np.float32)
     slots = rng.permutation(slots_n)[:rows].astype(np.int32)
     slots[-3:] = -1
-    packed = cp.asarray(pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std))
+    packed = cp.asarray(
+        pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, cluster_ranks(cfg, VARIANTS[variant]))
+    )
     n_q = cfg.n_actions * cfg.n_atoms
     q, r = mamba_forward(
         packed,
@@ -256,7 +258,9 @@ def test_decide_matches_the_reference_chain(
     out = cp.full((rows, record.itemsize), 255, dtype=cp.uint8)  # poisoned
     dev_window, dev_bars, dev_steps = cp.asarray(window), cp.asarray(bars), cp.asarray(steps)
     decide(
-        cp.asarray(pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std)),
+        cp.asarray(
+            pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, cluster_ranks(cfg, VARIANTS[variant]))
+        ),
         cfg,
         VARIANTS[variant],
         support=c51_support(cfg, cp),

@@ -12,7 +12,14 @@ import msgspec
 import numpy as np
 import pytest
 
-from agent.kernels.mamba_forward import VARIANTS, forward_layout, mamba_forward_ref, pack_params, shared_bytes
+from agent.kernels.mamba_forward import (
+    VARIANTS,
+    cluster_ranks,
+    forward_layout,
+    mamba_forward_ref,
+    pack_params,
+    shared_bytes,
+)
 from agent.model.config import ModelConfig
 from tests.gpu.conftest import SMALL, make_checkpoint
 
@@ -31,13 +38,14 @@ def test_fused_forward_matches_the_model(emu: ModuleType, cfg: ModelConfig, vari
     window = (rng.normal(size=(slots_n, cfg.window, cfg.n_features)) * 2).astype(np.float32)
     slots = rng.permutation(slots_n)[:rows].astype(np.int32)
     slots[-1] = -1  # a padded row
-    fn = emu.module("mamba_forward.cu", (*forward_layout(cfg).options, *form.options())).get_function(
+    ranks = cluster_ranks(cfg, form)
+    fn = emu.module("mamba_forward.cu", (*forward_layout(cfg, ranks).options, *form.options())).get_function(
         "mamba_forward_kernel"
     )
     q = np.full((rows, cfg.n_actions * cfg.n_atoms), np.nan, np.float32)
     r = np.full((rows, cfg.return_bins), np.nan, np.float32)
-    packed = pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std)
-    fn((rows,), (form.threads,), (packed, window, slots, q, r), shared_mem=shared_bytes(cfg, form))
+    packed = pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, ranks)
+    fn((rows * ranks,), (form.threads,), (packed, window, slots, q, r), shared_mem=shared_bytes(cfg, form))
     q_ref, r_ref = mamba_forward_ref(
         ck.params, cfg, window, slots[:-1], feature_mean=ck.norm_mean, feature_std=ck.norm_std
     )

@@ -30,7 +30,9 @@ __all__ = ["Module", "available", "module"]
 HEADER_DIR = Path(__file__).resolve().parent / "cuda_emu"
 _CACHE = Path(tempfile.gettempdir()) / f"tradeagent-cuda-emu-{os.getuid()}"
 _EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+__align__\(\d+\)\s+(\w+)\s+(\w+)\[\];")
-_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(')
+_KERNEL = re.compile(
+    r'extern\s+"C"\s+__global__\s+void\s+(MF_CLUSTER_DIMS\s+)?(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\('
+)
 _SCALARS: dict[type, Any] = {
     np.int32: ctypes.c_int32,
     np.uint32: ctypes.c_uint32,
@@ -50,10 +52,11 @@ def _source(file: str) -> tuple[str, list[str]]:
     """The kernel file made into a host translation unit, and its kernels' names."""
     path = KERNEL_DIR / file
     text = path.read_text(encoding="utf-8")
-    names = _KERNEL.findall(text)
+    kernels = _KERNEL.findall(text)
     body = _EXTERN_SHARED.sub(lambda m: f"{m[1]}* {m[2]} = ({m[1]}*)emu::dynamic_shared();", text)
-    exports = "\n".join(f"EMU_EXPORT({name})" for name in names)
-    return f'#include "cuda_emu.h"\n#line 1 "{path}"\n{body}\n{exports}\n', names
+    # A kernel declared MF_CLUSTER_DIMS (mamba_forward.cuh) runs in clusters of MF_CL blocks.
+    exports = "\n".join(f"EMU_EXPORT({name}, {'MF_CL' if dims else 1})" for dims, name in kernels)
+    return f'#include "cuda_emu.h"\n#line 1 "{path}"\n{body}\n{exports}\n', [name for _, name in kernels]
 
 
 class Kernel:

@@ -4,7 +4,9 @@
 // thread, in lane order; __syncthreads() and the warp collectives (__syncwarp, __shfl*_sync,
 // __syncthreads_or) switch fibers at their barriers, so a kernel that is correct under CUDA's
 // barrier rules runs here with the same results up to floating-point contraction. Blocks run one
-// after another (as a GPU may), so `__shared__` variables become function statics.
+// after another (as a GPU may), so `__shared__` variables become function statics; the blocks of
+// a thread-block cluster run together (their fibers interleaved), with the cluster barrier and
+// the mapping of one block's dynamic shared memory onto another's (emu::cluster_*).
 //
 // Used by tests/support/cuda_emu.py, which compiles a kernel file with g++ against this header
 // and calls it through ctypes with the driver API's argument convention (an array of pointers to
@@ -21,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -39,11 +42,13 @@ inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 namespace emu {
 
-enum class Wait { kNone, kBlock, kWarp, kDone };
+enum class Wait { kNone, kBlock, kWarp, kCluster, kDone };
+
+constexpr size_t kStack = 256 * 1024;
 
 struct Fiber {
     ucontext_t ctx;
-    std::vector<char> stack;
+    std::unique_ptr<char[]> stack{new char[kStack]};  // uninitialised: pages committed as used
     dim3 idx;
     int linear = 0;
     Wait wait = Wait::kNone;
@@ -58,6 +63,8 @@ struct Block {
     // Collective exchange: one 8-byte slot a thread, reused by every collective.
     std::vector<uint64_t> slot;
     dim3 block_dim, grid_dim, block_idx;
+    int rank = 0;  // in the cluster
+    std::vector<Block>* cluster = nullptr;
 };
 
 inline Block*& block() {
@@ -82,42 +89,61 @@ inline void fiber_entry() {
 inline int warp_of(int linear) { return linear / 32; }
 
 // Run every fiber that is not waiting until it waits; then release a barrier that every live
-// participant has reached. Returns false when nothing can run (all done).
-inline void schedule(Block& b) {
-    const int n = (int)b.fibers.size();
+// participant has reached (a block's, a warp's, or the cluster's). Returns when all are done.
+inline void schedule(std::vector<Block>& blocks) {
     for (;;) {
         bool ran = false;
-        for (int i = 0; i < n; ++i) {
-            if (b.fibers[i].wait == Wait::kNone) {
-                b.current = i;
-                swapcontext(&b.scheduler, &b.fibers[i].ctx);
-                ran = true;
+        for (Block& b : blocks) {
+            block() = &b;
+            for (int i = 0; i < (int)b.fibers.size(); ++i) {
+                if (b.fibers[i].wait == Wait::kNone) {
+                    b.current = i;
+                    swapcontext(&b.scheduler, &b.fibers[i].ctx);
+                    ran = true;
+                }
             }
         }
         if (ran) continue;
-        int live = 0, at_block = 0;
-        for (auto& f : b.fibers) {
-            if (f.wait != Wait::kDone) ++live;
-            if (f.wait == Wait::kBlock) ++at_block;
+        int live = 0, at_cluster = 0;
+        for (Block& b : blocks) {
+            for (auto& f : b.fibers) {
+                if (f.wait != Wait::kDone) ++live;
+                if (f.wait == Wait::kCluster) ++at_cluster;
+            }
         }
         if (live == 0) return;
-        if (at_block == live) {
-            for (auto& f : b.fibers) f.wait = Wait::kNone;
+        bool released = false;
+        if (at_cluster == live) {
+            for (Block& b : blocks) {
+                for (auto& f : b.fibers) f.wait = Wait::kNone;
+            }
             continue;
         }
-        bool released = false;
-        const int warps = (n + 31) / 32;
-        for (int w = 0; w < warps; ++w) {
-            int wl = 0, ww = 0;
-            for (int i = w * 32; i < std::min(n, w * 32 + 32); ++i) {
-                if (b.fibers[i].wait != Wait::kDone) ++wl;
-                if (b.fibers[i].wait == Wait::kWarp) ++ww;
+        for (Block& b : blocks) {
+            const int n = (int)b.fibers.size();
+            int block_live = 0, at_block = 0;
+            for (auto& f : b.fibers) {
+                if (f.wait != Wait::kDone) ++block_live;
+                if (f.wait == Wait::kBlock) ++at_block;
             }
-            if (wl > 0 && ww == wl) {
-                for (int i = w * 32; i < std::min(n, w * 32 + 32); ++i) {
-                    if (b.fibers[i].wait == Wait::kWarp) b.fibers[i].wait = Wait::kNone;
-                }
+            if (block_live > 0 && at_block == block_live) {
+                for (auto& f : b.fibers) f.wait = Wait::kNone;
                 released = true;
+                continue;
+            }
+            const int warps = (n + 31) / 32;
+            for (int w = 0; w < warps; ++w) {
+                int wl = 0, ww = 0;
+                for (int i = w * 32; i < std::min(n, w * 32 + 32); ++i) {
+                    if (b.fibers[i].wait != Wait::kDone) ++wl;
+                    if (b.fibers[i].wait == Wait::kWarp) ++ww;
+                }
+                if (wl > 0 && ww == wl) {
+                    for (int i = w * 32; i < std::min(n, w * 32 + 32); ++i) {
+                        if (b.fibers[i].wait == Wait::kWarp) b.fibers[i].wait = Wait::kNone;
+                    }
+                    released = true;
+                }
             }
         }
         if (!released) {
@@ -127,45 +153,76 @@ inline void schedule(Block& b) {
     }
 }
 
-inline void run_grid(dim3 grid, dim3 blk, size_t shared_bytes, const std::function<void()>& kernel) {
+// Run the grid cluster by cluster (`cluster` consecutive blocks along x, together).
+inline void run_grid(dim3 grid, dim3 blk, size_t shared_bytes, unsigned int cluster,
+                     const std::function<void()>& kernel) {
+    if (cluster == 0 || grid.x % cluster != 0) {
+        std::fprintf(stderr, "cuda_emu: grid.x %u is not a multiple of the cluster size %u\n", grid.x, cluster);
+        std::abort();
+    }
     const int n = (int)(blk.x * blk.y * blk.z);
-    Block b;
-    b.body = kernel;
-    b.block_dim = blk;
-    b.grid_dim = grid;
-    b.fibers.resize(n);
-    b.slot.assign(n, 0);
-    for (int i = 0; i < n; ++i) b.fibers[i].stack.resize(256 * 1024);
-    block() = &b;
+    std::vector<Block> blocks(cluster);
+    for (unsigned int r = 0; r < cluster; ++r) {
+        Block& b = blocks[r];
+        b.body = kernel;
+        b.block_dim = blk;
+        b.grid_dim = grid;
+        b.rank = (int)r;
+        b.cluster = &blocks;
+        b.fibers.resize(n);
+        b.slot.assign(n, 0);
+    }
     for (unsigned int bz = 0; bz < grid.z; ++bz) {
         for (unsigned int by = 0; by < grid.y; ++by) {
-            for (unsigned int bx = 0; bx < grid.x; ++bx) {
-                b.block_idx = dim3{bx, by, bz};
-                // Fresh shared memory a block, filled with a NaN pattern: reads of unwritten
-                // shared memory show up in results.
-                b.shared.assign(shared_bytes + 16, 0xFF);
-                for (int i = 0; i < n; ++i) {
-                    Fiber& f = b.fibers[i];
-                    f.linear = i;
-                    f.idx = dim3{(unsigned)(i % blk.x), (unsigned)((i / blk.x) % blk.y), (unsigned)(i / (blk.x * blk.y))};
-                    f.wait = Wait::kNone;
-                    getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = f.stack.data();
-                    f.ctx.uc_stack.ss_size = f.stack.size();
-                    f.ctx.uc_link = nullptr;
-                    makecontext(&f.ctx, fiber_entry, 0);
+            for (unsigned int bx = 0; bx < grid.x; bx += cluster) {
+                for (unsigned int r = 0; r < cluster; ++r) {
+                    Block& b = blocks[r];
+                    b.block_idx = dim3{bx + r, by, bz};
+                    // Fresh shared memory a block, filled with a NaN pattern: reads of unwritten
+                    // shared memory show up in results.
+                    b.shared.assign(shared_bytes + 16, 0xFF);
+                    for (int i = 0; i < n; ++i) {
+                        Fiber& f = b.fibers[i];
+                        f.linear = i;
+                        f.idx = dim3{(unsigned)(i % blk.x), (unsigned)((i / blk.x) % blk.y),
+                                     (unsigned)(i / (blk.x * blk.y))};
+                        f.wait = Wait::kNone;
+                        getcontext(&f.ctx);
+                        f.ctx.uc_stack.ss_sp = f.stack.get();
+                        f.ctx.uc_stack.ss_size = kStack;
+                        f.ctx.uc_link = nullptr;
+                        makecontext(&f.ctx, fiber_entry, 0);
+                    }
                 }
-                schedule(b);
+                schedule(blocks);
             }
         }
     }
     block() = nullptr;
 }
 
-inline void* dynamic_shared() {
-    auto addr = reinterpret_cast<uintptr_t>(block()->shared.data());
+inline void* shared_of(Block& b) {
+    auto addr = reinterpret_cast<uintptr_t>(b.shared.data());
     return reinterpret_cast<void*>((addr + 15) & ~uintptr_t(15));
 }
+
+inline void* dynamic_shared() { return shared_of(*block()); }
+
+inline int cluster_rank() { return block()->rank; }
+
+// p (in this block's dynamic shared memory) at the same offset in cluster rank `rank`'s.
+template <typename T>
+inline T* cluster_peer(T* p, int rank) {
+    Block* b = block();
+    const auto offset = reinterpret_cast<char*>(p) - static_cast<char*>(shared_of(*b));
+    if (offset < 0 || (size_t)offset >= b->shared.size() || rank < 0 || rank >= (int)b->cluster->size()) {
+        std::fprintf(stderr, "cuda_emu: a cluster mapping outside dynamic shared memory or the cluster\n");
+        std::abort();
+    }
+    return reinterpret_cast<T*>(static_cast<char*>(shared_of((*b->cluster)[rank])) + offset);
+}
+
+inline void cluster_sync() { yield(Wait::kCluster); }
 
 template <typename T>
 inline uint64_t to_bits(T v) {
@@ -208,6 +265,7 @@ inline T warp_exchange(T v, int src_lane) {
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __shared__ static
 
 inline void __syncthreads() { emu::yield(emu::Wait::kBlock); }
@@ -272,13 +330,15 @@ inline void emu_call(void (*k)(A...), void** args, std::index_sequence<I...>) {
 }
 
 template <typename... A>
-inline void emu_launch(void (*k)(A...), const unsigned int* dims, size_t shared_bytes, void** args) {
-    emu::run_grid(dim3{dims[0], dims[1], dims[2]}, dim3{dims[3], dims[4], dims[5]}, shared_bytes,
+inline void emu_launch(void (*k)(A...), const unsigned int* dims, size_t shared_bytes, unsigned int cluster,
+                       void** args) {
+    emu::run_grid(dim3{dims[0], dims[1], dims[2]}, dim3{dims[3], dims[4], dims[5]}, shared_bytes, cluster,
                   [&] { emu_call(k, args, std::index_sequence_for<A...>{}); });
 }
 
-// EMU_EXPORT(name) after the kernel's definition: extern "C" emu_launch_<name>(dims, shared, args).
-#define EMU_EXPORT(name)                                                                      \
+// EMU_EXPORT(name, cluster) after the kernel's definition: extern "C" emu_launch_<name>(dims,
+// shared, args), `cluster` blocks a cluster (the kernel's __cluster_dims__ x, else 1).
+#define EMU_EXPORT(name, cluster)                                                             \
     extern "C" void emu_launch_##name(const unsigned int* dims, size_t shared_bytes, void** args) { \
-        emu_launch(&name, dims, shared_bytes, args);                                          \
+        emu_launch(&name, dims, shared_bytes, (cluster), args);                               \
     }
