@@ -1,0 +1,76 @@
+"""The whole-decision kernel (agent/kernels/decide.cu) against the chain of references on the
+CPU emulation, in each forward variant: a batch with unhealthy, non-finite and padded rows
+(tests/support/decide_chain.py); tests/gpu/test_kernels.py runs the same check on a device."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Literal
+
+import numpy as np
+import pytest
+
+from agent.kernels.decide import out_dtype
+from agent.kernels.mamba_forward import VARIANTS, cluster_ranks, forward_layout, pack_params, shared_bytes
+from agent.model.config import ModelConfig
+from agent.model.heads import c51_support, return_bin_centres
+from agent.policy.philox import Purpose
+from tests.gpu.conftest import SMALL, make_checkpoint
+from tests.support.decide_chain import DecideInputs, check_decision, decide_policy
+
+
+@pytest.mark.parametrize(
+    ("cfg", "variant", "selection"),
+    [
+        (ModelConfig(n_features=32), "cluster", "thompson"),
+        (SMALL, "cluster", "greedy"),
+        (SMALL, "latency", "thompson"),
+        (SMALL, "throughput", "greedy"),
+    ],
+    ids=["cluster-default", "cluster-small", "latency-small", "throughput-small"],
+)
+def test_decide_matches_the_reference_chain(
+    emu: ModuleType, cfg: ModelConfig, variant: str, selection: Literal["thompson", "greedy"]
+) -> None:
+    form = VARIANTS[variant]
+    ranks = cluster_ranks(cfg, form)
+    ck = make_checkpoint(cfg, seed=9, scale=3.0)
+    policy, fee = decide_policy(selection), 0.5
+    inputs = DecideInputs.draw(cfg, rows=16)
+    window, bars, steps = inputs.window.copy(), inputs.bars.copy(), inputs.steps.copy()
+    out = np.full((inputs.slots.size, out_dtype(cfg.n_actions).itemsize), 255, np.uint8)  # poisoned
+    fn = emu.module("decide.cu", (*forward_layout(cfg, ranks).options, *form.options())).get_function(
+        "decide_kernel"
+    )
+    fn(
+        (inputs.slots.size * ranks,),
+        (form.threads,),
+        (
+            pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, ranks),
+            c51_support(cfg),
+            return_bin_centres(cfg),
+            return_bin_centres(cfg, np, np.float64),
+            window,
+            bars,
+            steps,
+            inputs.ticks,
+            inputs.new,
+            inputs.slots,
+            inputs.healthy.astype(np.uint8),
+            inputs.positions,
+            inputs.regime,
+            np.int32(selection == "greedy"),
+            np.uint64(policy.seed),
+            np.uint32(int(Purpose.THOMPSON)),
+            np.float64(policy.capital_per_contract),
+            np.float64(fee),
+            np.float64(policy.min_edge_ticks),
+            np.float64(policy.kelly_fraction),
+            np.float64(policy.scale_floor),
+            np.int32(policy.max_contracts),
+            np.int32(cfg.n_features - 1),
+            out,
+        ),
+        shared_mem=shared_bytes(cfg, form),
+    )
+    check_decision(ck, cfg, inputs, out, window=window, bars=bars, steps=steps, policy=policy, fee=fee)
