@@ -9,10 +9,11 @@ Keys (README "Benchmarks"):
 * ``p50_us_b1``, ``p99_us_b1``, ``p50_us_b64``, ``p99_us_b64``: wall time of one
   :meth:`InferenceEngine.decide` call (window push to sized targets, host in and out) at 1 and
   64 instruments; ``*_vs_floor``: the same over ``floor_us``.
-* CUDA only: ``device_us_b1``, ``device_us_b64``: median device time of those calls (the graph
-  replay between the engine's two CUDA events); ``host_us_b1``, ``host_us_b64``: median of each
-  call's time less its device time (input checks, pinned writes, launch, synchronisation
-  wake-up, output copy and bookkeeping).
+* CUDA only: ``device_us_b1``, ``device_us_b64``: median device time of those calls (the
+  span of the kernel's rows on the device's nanosecond timer, first row's start to last row's
+  end); ``host_us_b1``, ``host_us_b64``: median of each call's time less its device time (input
+  checks, pinned writes, the graph launch until the kernel starts, synchronisation wake-up,
+  output copy and bookkeeping).
 * ``decisions_per_s_b4096``: decisions per second at 4096 instruments per call (K from the model
   configuration, 32 by default).
 * ``train_samples_per_s``: samples per second of the trainer's update at batch ``--train-batch``

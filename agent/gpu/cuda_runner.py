@@ -12,8 +12,9 @@ Inputs (feature rows, slots, health, positions, regime scale) and the output rec
 pinned mapped host memory (:mod:`agent.gpu.pinned`) that the kernel reads and writes
 directly; windows, the per-slot counters (rows pushed, decisions made) and parameters stay on
 the device, and the kernel keeps the counters. Padded rows carry slot -1, which the kernel
-skips. A call writes the inputs, launches the bucket's graph between two events, waits for the
-second event and copies the output records once.
+skips. A call writes the inputs, launches the bucket's graph, waits for the stream and copies
+the output records once; each record carries the device's nanosecond timer at its row's start
+and end, so the call's device time needs no events around the launch.
 
 A model's buffer set (packed parameters, supports and its graphs) is built by
 :meth:`CudaRunner.prepare` on a private stream (graph capture in relaxed mode), so a hot swap
@@ -145,8 +146,7 @@ class CudaRunner:
         self._max_shared = int(  # cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
             cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
         )
-        self._start = cp.cuda.Event()
-        self._done = cp.cuda.Event()
+        self._last: npt.NDArray[np.void] | None = None
         self._open = True
 
     def prepare(self, checkpoint: Checkpoint) -> object:
@@ -222,12 +222,10 @@ class CudaRunner:
         host["rows"][:n] = batch.features
         host["slots"][:n] = batch.slots
         host["slots"][n:bucket] = -1
-        self._start.record(self.stream)
         graphs[bucket].launch(self.stream)
-        self._done.record(self.stream)
-        self._done.synchronize()
+        self.stream.synchronize()
         # One copy (bytearray: the cheapest writable one); the decision's arrays are its fields.
-        out = np.frombuffer(bytearray(host["out"][:n]), self._record)
+        out = self._last = np.frombuffer(bytearray(host["out"][:n]), self._record)
         return RawDecision(
             action=out["action"],
             direction=out["direction"],
@@ -247,8 +245,11 @@ class CudaRunner:
         return steps
 
     def device_us(self) -> float | None:
-        """Device time of the last :meth:`run` (graph replay between its two events)."""
-        return float(self._cp.cuda.get_elapsed_time(self._start, self._done)) * 1e3
+        """Device time of the last :meth:`run`: its rows' span on the device's nanosecond timer
+        (the first row's start to the last row's end), None before the first."""
+        if self._last is None:
+            return None
+        return float(self._last["end_ns"].max() - self._last["start_ns"].min()) * 1e-3
 
     def release(self) -> None:
         if self._open:

@@ -13,7 +13,9 @@
 // (decisions made), updated in place (slots distinct within a launch); tick_value float64.
 // A row is pushed when healthy and every feature is finite; it is valid (sized, else its
 // position is kept) when pushed and the slot has K bars; its Thompson key is the slot's step.
-// Out: one DecideOut record per row (pinned mapped host memory).
+// Out: one DecideOut record per row (pinned mapped host memory), with the global nanosecond
+// timer read when the row's (lead) block starts and when it has written the record: the host
+// reads the launch's device time as the span of its rows.
 // MF_CL blocks a row (a cluster, mamba_forward.cuh): every rank pushes and normalises the window
 // for itself; rank 0 alone keeps the slot's counters, writes the pushed window back (once the
 // cluster is past its first barrier, when every rank has read the old one) and runs the tail.
@@ -29,6 +31,8 @@ struct DecideOut {
     double size;
     double regime_scale;
     unsigned long long step;
+    unsigned long long start_ns;
+    unsigned long long end_ns;
     float q[MF_A];
     float ret_mean;
     float ret_var;
@@ -37,6 +41,17 @@ struct DecideOut {
     signed char direction;
     unsigned char valid;
 };
+
+// The global nanosecond timer (the emulation: the host's steady clock).
+__device__ __forceinline__ unsigned long long decide_now_ns() {
+#ifdef __CUDA_ARCH__
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+#else
+    return emu::now_ns();
+#endif
+}
 
 static_assert(MF_F <= MF_THREADS && MF_F <= MF_K * MF_D, "one thread and one staging float a feature");
 
@@ -55,6 +70,7 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
     __shared__ int row_position, row_valid;
     __shared__ float row_regime, row_spread;
     __shared__ float row_q[MF_A];
+    const unsigned long long start_ns = decide_now_ns();
     const int b = blockIdx.x / MF_CL;
     const bool lead = mf_rank() == 0;  // the row's bookkeeping and tail (the block, outside clusters)
 #if MF_CL > 1
@@ -166,6 +182,8 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
             o->target = k.target;
             o->direction = (signed char)(best - 1);
             o->valid = (unsigned char)row_valid;
+            o->start_ns = start_ns;
+            o->end_ns = decide_now_ns();
         }
     }
 }

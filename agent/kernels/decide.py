@@ -43,6 +43,8 @@ def out_dtype(n_actions: int) -> np.dtype[Any]:
             ("size", np.float64),
             ("regime_scale", np.float64),
             ("step", np.uint64),
+            ("start_ns", np.uint64),
+            ("end_ns", np.uint64),
             ("q", np.float32, (n_actions,)),
             ("ret_mean", np.float32),
             ("ret_var", np.float32),

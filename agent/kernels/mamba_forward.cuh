@@ -410,17 +410,38 @@ __device__ __forceinline__ void mf_conv(const float* in, const float* w, const f
     }
 }
 
-// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K); one warp a row; w
-// from mf_small (or the final norm's, staged alike).
+// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K); one warp a row,
+// a warp's rows side by side (their loads and shuffle reductions independent, not one row's
+// after another's); w from mf_small (or the final norm's, staged alike).
 __device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, const float* __restrict__ w,
                                                 int t0) {
-    const int lane = threadIdx.x & 31;
-    for (int t = t0 + (threadIdx.x >> 5); t < MF_K; t += MF_WARPS) {
-        const float* x = in + t * MF_D;
-        float ss = 0.0f;
-        for (int k = lane; k < MF_D; k += 32) ss += x[k] * x[k];
-        const float r = 1.0f / sqrtf(mf_warp_sum(ss) / (float)MF_D + MF_EPS);
-        for (int k = lane; k < MF_D; k += 32) out[t * MF_D + k] = x[k] * r * mf_ld(w + k);
+    constexpr int ROWS = (MF_K + MF_WARPS - 1) / MF_WARPS;  // a warp's rows at most
+    constexpr int PER = (MF_D + 31) / 32;
+    const int lane = threadIdx.x & 31, first = t0 + (threadIdx.x >> 5);
+    float x[ROWS][PER], ss[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int t = first + r * MF_WARPS;
+        ss[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int k = lane + 32 * i;
+            x[r][i] = t < MF_K && k < MF_D ? in[t * MF_D + k] : 0.0f;
+            ss[r] += x[r][i] * x[r][i];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) ss[r] = mf_warp_sum(ss[r]);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int t = first + r * MF_WARPS;
+        if (t >= MF_K) break;
+        const float inv = 1.0f / sqrtf(ss[r] / (float)MF_D + MF_EPS);
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int k = lane + 32 * i;
+            if (k < MF_D) out[t * MF_D + k] = x[r][i] * inv * mf_ld(w + k);
+        }
     }
 }
 

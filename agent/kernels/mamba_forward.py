@@ -208,7 +208,9 @@ def forward_layout(cfg: ModelConfig, ranks: int = 1) -> ForwardLayout:
         + _aligned(d * n_q)
         + _aligned(d * n_r)
         + small
-        + (_aligned(k * ranks // cfg.ngroups) + ranks * -(-k // ranks) * d if ranks > 1 else 0)  # SM_SS, SM_EX
+        + (
+            _aligned(k * ranks // cfg.ngroups) + ranks * -(-k // ranks) * d if ranks > 1 else 0
+        )  # SM_SS, SM_EX
     )
     return ForwardLayout(offsets, pos, shared, staged, options)
 

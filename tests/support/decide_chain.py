@@ -115,6 +115,8 @@ def check_decision(
     np.testing.assert_array_equal(g["valid"], ok)
     assert 0 < ok.sum() < n
     np.testing.assert_array_equal(g["step"], steps[slots[live]])
+    assert (g["start_ns"] <= g["end_ns"]).all()  # both timer reads written (poison is all ones)
+    assert (g["end_ns"] < np.uint64(0xFFFFFFFFFFFFFFFF)).all()
     bars[slots[live]] += pushed[live].astype(np.uint64)
     steps[slots[live]] += np.uint64(1)
     np.testing.assert_array_equal(bars_after, bars)

@@ -16,6 +16,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -223,6 +224,12 @@ inline T* cluster_peer(T* p, int rank) {
 }
 
 inline void cluster_sync() { yield(Wait::kCluster); }
+
+inline unsigned long long now_ns() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 
 template <typename T>
 inline uint64_t to_bits(T v) {
