@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.kernels.loader import cupy
+from agent.kernels.kelly import kelly_policy_args
 from agent.kernels.mamba_forward import (
     CLUSTER,
     LATENCY,
@@ -92,6 +92,7 @@ def decide(
     fee_per_contract: float,
     spread_column: int,
     out: Any,
+    kernel: Any = None,
 ) -> None:
     """Launch one decision per row on the current stream (CuPy arrays, see ``decide.cu``).
 
@@ -105,11 +106,15 @@ def decide(
     charges ``fee_per_contract`` a leg and half the spread in column ``spread_column`` of the
     row (:func:`agent.policy.kelly.leg_cost`). out (B, itemsize)
     uint8: one record of :func:`out_dtype` a row (CuPy has no structured dtypes; the host views
-    the same bytes as records).
+    the same bytes as records). ``kernel``: what to launch, called as a ``cupy.RawKernel``
+    (default ``decide_kernel`` compiled for ``cfg`` and ``variant``; the tests pass the CPU
+    emulation's, with NumPy arrays).
     """
-    cp = cupy()
     n = slots.shape[0]
-    fn, shared = compiled("decide.cu", "decide_kernel", cfg, variant)
+    if kernel is None:
+        fn, shared = compiled("decide.cu", "decide_kernel", cfg, variant)
+    else:
+        fn, shared = kernel, shared_bytes(cfg, variant)
     if n:
         fn(
             (n * cluster_ranks(cfg, variant),),
@@ -128,16 +133,11 @@ def decide(
                 healthy,
                 positions,
                 regime,
-                cp.int32(policy.selection == "greedy"),
-                cp.uint64(policy.seed),
-                cp.uint32(int(Purpose.THOMPSON)),
-                cp.float64(policy.capital_per_contract),
-                cp.float64(fee_per_contract),
-                cp.float64(policy.min_edge_ticks),
-                cp.float64(policy.kelly_fraction),
-                cp.float64(policy.scale_floor),
-                cp.int32(policy.max_contracts),
-                cp.int32(spread_column),
+                np.int32(policy.selection == "greedy"),
+                np.uint64(policy.seed),
+                np.uint32(int(Purpose.THOMPSON)),
+                *kelly_policy_args(policy, fee_per_contract),
+                np.int32(spread_column),
                 out,
             ),
             shared_mem=shared,

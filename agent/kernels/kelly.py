@@ -10,15 +10,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from agent.kernels.loader import cupy, kernel
 from agent.policy.config import PolicyConfig
 from agent.policy.kelly import kelly_size_ref
 
-__all__ = ["MAX_BINS", "kelly_launch", "kelly_size", "kelly_size_ref"]
+__all__ = ["MAX_BINS", "kelly_launch", "kelly_policy_args", "kelly_size", "kelly_size_ref"]
 
 MAX_BINS = 64
 _WARPS = 4
 """Rows per thread block (one warp a row)."""
+
+
+def kelly_policy_args(policy: PolicyConfig, fee_per_contract: float) -> tuple[Any, ...]:
+    """The kernel arguments that ``kelly.cuh``'s ``KellyPolicy`` is built from: capital per
+    contract, fee a leg, minimum edge in ticks, Kelly fraction, regime scale floor, contracts."""
+    return (
+        np.float64(policy.capital_per_contract),
+        np.float64(fee_per_contract),
+        np.float64(policy.min_edge_ticks),
+        np.float64(policy.kelly_fraction),
+        np.float64(policy.scale_floor),
+        np.int32(policy.max_contracts),
+    )
 
 
 def kelly_launch(
@@ -67,12 +82,7 @@ def kelly_launch(
             spread,
             cp.int32(spread.strides[0] // spread.itemsize),
             cp.int32(rows),
-            cp.float64(policy.capital_per_contract),
-            cp.float64(fee_per_contract),
-            cp.float64(policy.min_edge_ticks),
-            cp.float64(policy.kelly_fraction),
-            cp.float64(policy.scale_floor),
-            cp.int32(policy.max_contracts),
+            *kelly_policy_args(policy, fee_per_contract),
             target,
             size,
             f_star,

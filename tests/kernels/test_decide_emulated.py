@@ -10,11 +10,10 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from agent.kernels.decide import out_dtype
-from agent.kernels.mamba_forward import VARIANTS, cluster_ranks, forward_layout, pack_params, shared_bytes
+from agent.kernels.decide import decide, out_dtype
+from agent.kernels.mamba_forward import VARIANTS, cluster_ranks, forward_layout, pack_params
 from agent.model.config import ModelConfig
 from agent.model.heads import c51_support, return_bin_centres
-from agent.policy.philox import Purpose
 from tests.gpu.conftest import SMALL, make_checkpoint
 from tests.support.decide_chain import DecideInputs, check_decision, decide_policy
 
@@ -39,38 +38,29 @@ def test_decide_matches_the_reference_chain(
     inputs = DecideInputs.draw(cfg, rows=16)
     window, bars, steps = inputs.window.copy(), inputs.bars.copy(), inputs.steps.copy()
     out = np.full((inputs.slots.size, out_dtype(cfg.n_actions).itemsize), 255, np.uint8)  # poisoned
-    fn = emu.module("decide.cu", (*forward_layout(cfg, ranks).options, *form.options())).get_function(
+    kernel = emu.module("decide.cu", (*forward_layout(cfg, ranks).options, *form.options())).get_function(
         "decide_kernel"
     )
-    fn(
-        (inputs.slots.size * ranks,),
-        (form.threads,),
-        (
-            pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, ranks),
-            c51_support(cfg),
-            return_bin_centres(cfg),
-            return_bin_centres(cfg, np, np.float64),
-            window,
-            bars,
-            steps,
-            inputs.ticks,
-            inputs.new,
-            inputs.slots,
-            inputs.healthy.astype(np.uint8),
-            inputs.positions,
-            inputs.regime,
-            np.int32(selection == "greedy"),
-            np.uint64(policy.seed),
-            np.uint32(int(Purpose.THOMPSON)),
-            np.float64(policy.capital_per_contract),
-            np.float64(fee),
-            np.float64(policy.min_edge_ticks),
-            np.float64(policy.kelly_fraction),
-            np.float64(policy.scale_floor),
-            np.int32(policy.max_contracts),
-            np.int32(cfg.n_features - 1),
-            out,
-        ),
-        shared_mem=shared_bytes(cfg, form),
+    decide(
+        pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, ranks),
+        cfg,
+        form,
+        support=c51_support(cfg),
+        centres32=return_bin_centres(cfg),
+        centres64=return_bin_centres(cfg, np, np.float64),
+        window=window,
+        bars=bars,
+        steps=steps,
+        tick_value=inputs.ticks,
+        rows=inputs.new,
+        slots=inputs.slots,
+        healthy=inputs.healthy.astype(np.uint8),
+        positions=inputs.positions,
+        regime=inputs.regime,
+        policy=policy,
+        fee_per_contract=fee,
+        spread_column=cfg.n_features - 1,
+        out=out,
+        kernel=kernel,
     )
     check_decision(ck, cfg, inputs, out, window=window, bars=bars, steps=steps, policy=policy, fee=fee)
