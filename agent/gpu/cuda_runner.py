@@ -43,7 +43,8 @@ from agent.policy.config import PolicyConfig
 __all__ = ["CLUSTER_BUCKET", "LATENCY_BUCKET", "CudaRunner", "batch_buckets"]
 
 CLUSTER_BUCKET = 16
-"""Buckets up to this size run the forward's cluster variant (a cluster of blocks a window)."""
+"""Buckets up to this size run the forward's cluster variant (a cluster of blocks a window) on
+devices with thread-block clusters (compute capability 9.0 or later)."""
 LATENCY_BUCKET = 64
 """Buckets up to this size run the forward's latency variant (one block a multiprocessor:
 the H200's 132 hold 64 windows in one wave); larger ones the throughput variant."""
@@ -146,6 +147,8 @@ class CudaRunner:
         self._max_shared = int(  # cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
             cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
         )
+        # Thread-block clusters need compute capability 9.0 (Hopper) or later.
+        self._cluster_rows = CLUSTER_BUCKET if int(cp.cuda.Device().compute_capability) >= 90 else 0
         self._last: npt.NDArray[np.void] | None = None
         self._open = True
 
@@ -183,7 +186,7 @@ class CudaRunner:
     def _enqueue(self, weights: _Weights, n: int, io: dict[str, Any]) -> None:
         """Launch the decision kernel for rows [0, n) of ``io`` on the current stream."""
         cfg = weights.config
-        variant = decide_variant(cfg, n, CLUSTER_BUCKET, LATENCY_BUCKET, self._max_shared)
+        variant = decide_variant(cfg, n, self._cluster_rows, LATENCY_BUCKET, self._max_shared)
         decide(
             weights.packed_split if variant.split else weights.packed,
             cfg,

@@ -10,8 +10,16 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from agent.kernels.decide import decide, out_dtype
-from agent.kernels.mamba_forward import VARIANTS, cluster_ranks, forward_layout, pack_params
+from agent.kernels.decide import decide, decide_variant, out_dtype
+from agent.kernels.mamba_forward import (
+    CLUSTER,
+    LATENCY,
+    THROUGHPUT,
+    VARIANTS,
+    cluster_ranks,
+    forward_layout,
+    pack_params,
+)
 from agent.model.config import ModelConfig
 from agent.model.heads import c51_support, return_bin_centres
 from tests.gpu.conftest import SMALL, make_checkpoint
@@ -64,3 +72,18 @@ def test_decide_matches_the_reference_chain(
         kernel=kernel,
     )
     check_decision(ck, cfg, inputs, out, window=window, bars=bars, steps=steps, policy=policy, fee=fee)
+
+
+def test_the_variant_follows_the_rows_the_shape_and_the_device() -> None:
+    cfg, small = ModelConfig(n_features=32), SMALL
+    big = 1 << 20  # shared memory enough for every variant
+    assert decide_variant(cfg, 1, 16, 64, big) is CLUSTER
+    assert decide_variant(cfg, 16, 16, 64, big) is CLUSTER
+    assert decide_variant(cfg, 17, 16, 64, big) is LATENCY
+    assert decide_variant(cfg, 65, 16, 64, big) is THROUGHPUT
+    assert decide_variant(cfg, 1, 0, 64, big) is LATENCY  # no clusters on the device
+    assert decide_variant(cfg, 1, 16, 64, 100 * 1024) is THROUGHPUT  # neither staged form fits
+    single = ModelConfig(n_features=32, expand=1, headdim=64)  # one head: nothing to split
+    assert cluster_ranks(single, CLUSTER) == 1
+    assert decide_variant(single, 1, 16, 64, big) is LATENCY
+    assert cluster_ranks(small, CLUSTER) == 4  # 4 heads, 2 groups: a rank a head, two a group
