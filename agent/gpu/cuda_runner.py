@@ -34,7 +34,7 @@ from agent.gpu.pinned import MappedArray, mapped_empty
 from agent.gpu.runner import Batch, Costs, RawDecision, column_error
 from agent.kernels.decide import decide, decide_variant, out_dtype
 from agent.kernels.loader import cupy
-from agent.kernels.mamba_forward import CLUSTER, cluster_ranks, pack_params
+from agent.kernels.mamba_forward import CLUSTER, Variant, cluster_ranks, pack_params
 from agent.model.checkpoint import Checkpoint
 from agent.model.config import ModelConfig
 from agent.model.heads import ACTIONS, c51_support, return_bin_centres
@@ -156,21 +156,25 @@ class CudaRunner:
         cp = self._cp
         cfg = checkpoint.config
         stream = cp.cuda.Stream(non_blocking=True)
+        variants = {bucket: self._variant(cfg, bucket) for bucket in self.buckets}
         with stream:
             pack = (checkpoint.params, cfg, checkpoint.norm_mean, checkpoint.norm_std)
+            packed = cp.asarray(pack_params(*pack))
+            split = any(variant.split for variant in variants.values())
             weights = _Weights(
                 cfg,
-                cp.asarray(pack_params(*pack)),
-                cp.asarray(pack_params(*pack, cluster_ranks(cfg, CLUSTER))),
+                packed,
+                cp.asarray(pack_params(*pack, cluster_ranks(cfg, CLUSTER))) if split else packed,
                 c51_support(cfg, cp),
                 return_bin_centres(cfg, cp),
                 return_bin_centres(cfg, cp, np.float64),
             )
-            # Compile and load every variant outside capture: a launch with every row padded
-            # (slot -1) on private scratch touches no shared state.
+            # Compile and load each variant the buckets use outside capture (one bucket a
+            # variant): a launch with every row padded (slot -1) on private scratch touches no
+            # shared state.
             scratch = {name: cp.zeros_like(view) for name, view in self.io.device.items()}
             scratch["slots"][...] = -1
-            for bucket in sorted({1, min(self.max_batch, LATENCY_BUCKET), self.max_batch}):
+            for bucket in {variant: bucket for bucket, variant in variants.items()}.values():
                 self._enqueue(weights, bucket, scratch)
             stream.synchronize()
             graphs = {}
@@ -183,10 +187,14 @@ class CudaRunner:
                 graphs[bucket] = graph
         return _CudaModel(weights, graphs)
 
+    def _variant(self, cfg: ModelConfig, rows: int) -> Variant:
+        """The forward variant of a launch of ``rows`` rows on this device."""
+        return decide_variant(cfg, rows, self._cluster_rows, LATENCY_BUCKET, self._max_shared)
+
     def _enqueue(self, weights: _Weights, n: int, io: dict[str, Any]) -> None:
         """Launch the decision kernel for rows [0, n) of ``io`` on the current stream."""
         cfg = weights.config
-        variant = decide_variant(cfg, n, self._cluster_rows, LATENCY_BUCKET, self._max_shared)
+        variant = self._variant(cfg, n)
         decide(
             weights.packed_split if variant.split else weights.packed,
             cfg,
