@@ -54,6 +54,10 @@ MAX_BINS = 64
 MAX_ATOMS = 128
 """C51 atoms the softmax kernel handles."""
 
+_FEW_SLOTS = 64
+"""Up to this many slots a batch's range check runs on Python ints (a NumPy reduction costs
+more at one row and far less at thousands)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -269,15 +273,20 @@ class InferenceEngine:
             raise InferenceError(
                 f"slots must be 1 to {self.max_batch} integers, got shape {s.shape} {s.dtype}"
             )
-        ids = s.tolist()  # a few Python ints: cheaper to check than NumPy reductions
-        if min(ids) < 0 or max(ids) >= self.n_slots:
-            raise InferenceError(f"slot out of range [0, {self.n_slots})")
         s32 = s.astype(np.int32)
-        if n > 1:
-            mark = self._mark  # O(B) duplicate check: a repeated slot keeps only its last row index
+        if n <= _FEW_SLOTS:  # a few Python ints: cheaper to check than NumPy calls
+            ids = s.tolist()
+            lo, hi, repeated = min(ids), max(ids), len(set(ids)) < n
+        else:
+            lo, hi, repeated = int(s.min()), int(s.max()), False
+        if lo < 0 or hi >= self.n_slots:
+            raise InferenceError(f"slot out of range [0, {self.n_slots})")
+        if n > _FEW_SLOTS:  # O(B): a repeated slot keeps only its last row index
+            mark = self._mark
             mark[s32] = self._rows[:n]
-            if not np.array_equal(mark[s32], self._rows[:n]):
-                raise InferenceError("a slot appears twice in one decision batch")
+            repeated = not np.array_equal(mark[s32], self._rows[:n])
+        if repeated:
+            raise InferenceError("a slot appears twice in one decision batch")
         f = np.asarray(features, dtype=np.float32)
         if f.shape != (n, self.n_features):
             raise InferenceError(f"features must be ({n}, {self.n_features}), got {f.shape}")

@@ -156,6 +156,24 @@ def test_malformed_batches_raise_inference_error(slots: list[float], rows: int, 
         eng.decide(slots, np.zeros((rows, SMALL.n_features)), np.zeros(len(slots)), 1.0)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [((99, 3), "twice"), ((0, 99), "twice"), ((50, 100), "out of range"), ((7, -1), "out of range")],
+)
+def test_a_large_batch_is_checked_as_a_small_one(change: tuple[int, int], message: str) -> None:
+    """Batches above a few rows take the NumPy form of the slot checks: the same errors."""
+    ck = make_checkpoint()
+    eng = InferenceEngine(
+        ck, POLICY, [0.25] * 100, fee_per_contract=FEE, backend=select_backend("cpu"), max_batch=100
+    )
+    slots = np.arange(100, dtype=np.uint64 if change[1] >= 0 else np.int64)
+    eng.decide(slots, np.zeros((100, SMALL.n_features)), np.zeros(100), 1.0)  # well formed
+    slots[change[0]] = change[1]
+    with pytest.raises(InferenceError, match=message):
+        eng.decide(slots, np.zeros((100, SMALL.n_features)), np.zeros(100), 1.0)
+    np.testing.assert_array_equal(eng.decision_index(), np.ones(100))  # the bad batch changed nothing
+
+
 @pytest.mark.parametrize("column", ["positions", "regime_scale", "healthy"])
 def test_a_per_row_column_of_another_length_raises_and_changes_nothing(column: str) -> None:
     ck = make_checkpoint(seed=2, scale=3.0)
