@@ -55,7 +55,7 @@ __device__ __forceinline__ unsigned long long decide_now_ns() {
 
 static_assert(MF_F <= MF_THREADS && MF_F <= MF_K * MF_D, "one thread and one staging float a feature");
 
-extern "C" __global__ void MF_CLUSTER_DIMS __launch_bounds__(MF_THREADS)
+extern "C" __global__ void MF_CLUSTER_DIMS MF_BOUNDS
 decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
               const float* __restrict__ centres32, const double* __restrict__ centres64,
               float* __restrict__ window, unsigned long long* __restrict__ bars,

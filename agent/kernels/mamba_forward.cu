@@ -6,7 +6,7 @@
 // P: packed parameters; window (slots, K, F) raw features; slot (B) int32 (< 0: padded row).
 // Out: q_logits (B, NQ), ret_logits (B, NR). Dynamic shared memory: MF_SHARED_FLOATS floats.
 // MF_CL blocks a row (a cluster, rank r reading the share at P + r * MF_PSTRIDE).
-extern "C" __global__ void MF_CLUSTER_DIMS __launch_bounds__(MF_THREADS)
+extern "C" __global__ void MF_CLUSTER_DIMS MF_BOUNDS
 mamba_forward_kernel(const float* __restrict__ P, const float* __restrict__ window,
                      const int* __restrict__ slot, float* __restrict__ q_logits,
                      float* __restrict__ ret_logits) {

@@ -53,6 +53,14 @@
 #ifndef MF_FILL
 #define MF_FILL 1  // see mf_tile
 #endif
+#ifndef MF_MINB
+#define MF_MINB 0  // blocks a multiprocessor the decision kernel's registers must allow (0: any)
+#endif
+#if MF_MINB > 0
+#define MF_BOUNDS __launch_bounds__(MF_THREADS, MF_MINB)
+#else
+#define MF_BOUNDS __launch_bounds__(MF_THREADS)
+#endif
 // Chunks of steps the conv splits a channel into: as many as keep every (channel, chunk) item on
 // its own thread (then the conv reads all inputs, waits, and writes), else 1.
 #define MF_CHUNKS (MF_THREADS / MF_CD > 1 ? (MF_THREADS / MF_CD > MF_K ? MF_K : MF_THREADS / MF_CD) : 1)

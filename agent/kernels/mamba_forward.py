@@ -59,6 +59,9 @@ class Variant:
     fill: int = 1
     """Staged (and adaptive) matmuls take the longest row tile whose work items still occupy
     ``threads / fill`` threads: above 1, fewer threads each reuse a weight over more rows."""
+    blocks: int = 0
+    """Blocks a multiprocessor the decision kernel's registers must allow (its launch bounds:
+    the compiler caps each thread's registers to fit that many); 0 leaves it to the compiler."""
 
     def options(self) -> tuple[str, ...]:
         return (
@@ -67,6 +70,7 @@ class Variant:
             f"-DMF_STAGE={int(self.staged)}",
             f"-DMF_ADAPT={int(self.adaptive)}",
             f"-DMF_FILL={self.fill}",
+            f"-DMF_MINB={self.blocks}",
         )
 
 
@@ -76,9 +80,9 @@ CLUSTER = Variant("cluster", 256, 4, staged=True, split=True, fill=2)
 """The fewest rows: each window on a cluster of blocks (one a multiprocessor), each rank
 staging and computing its heads' share of every layer, the residual stream reduced across the
 cluster through distributed shared memory."""
-THROUGHPUT = Variant("throughput", 256, 8, staged=False)
-"""Large batches: weights through L1, longer row tiles (more reuse per load), two blocks a
-multiprocessor."""
+THROUGHPUT = Variant("throughput", 256, 4, staged=False, blocks=4)
+"""Large batches: weights through L1, four blocks a multiprocessor (as many as their shared
+memory allows; registers capped at 64 a thread) to hide the scan's and the loads' latency."""
 VARIANTS = {v.name: v for v in (LATENCY, CLUSTER, THROUGHPUT)}
 MAX_CLUSTER = 8
 """The portable thread-block cluster size limit."""

@@ -31,8 +31,10 @@ HEADER_DIR = Path(__file__).resolve().parent / "cuda_emu"
 _CACHE = Path(tempfile.gettempdir()) / f"tradeagent-cuda-emu-{os.getuid()}"
 _EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+__align__\(\d+\)\s+(\w+)\s+(\w+)\[\];")
 _KERNEL = re.compile(
-    r'extern\s+"C"\s+__global__\s+void\s+(MF_CLUSTER_DIMS\s+)?(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\('
+    r'extern\s+"C"\s+__global__\s+void\s+(MF_CLUSTER_DIMS\s+)?(?:__launch_bounds__\([^)]*\)\s+|MF_BOUNDS\s+)?(\w+)\s*\('
 )
+"""A kernel's declaration: optional cluster dimensions and launch bounds (or mamba_forward.cuh's
+MF_BOUNDS), then its name."""
 _SCALARS: dict[type, Any] = {
     np.int32: ctypes.c_int32,
     np.uint32: ctypes.c_uint32,
