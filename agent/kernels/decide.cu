@@ -86,6 +86,11 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         pos = position[b];
         reg = regime[b];
     }
+    // The normalisation's mean and std of this thread's feature (the same for every element it
+    // pushes where F divides the block), read while the host memory's round trip is under way.
+    constexpr bool ONE_F = MF_THREADS % MF_F == 0;
+    const float mean = ONE_F ? __ldg(P + OFF_MEAN + threadIdx.x % MF_F) : 0.0f;
+    const float sd = ONE_F ? __ldg(P + OFF_STD + threadIdx.x % MF_F) : 1.0f;
     mf_forward_begin(P, sm);  // the weights' copies start while the reads above cross the bus
     if (s < 0) {
         if (MF_STAGE) mf_stage_wait();  // no copy outlives its block (the row is the same for all)
@@ -124,7 +129,7 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         const int i = threadIdx.x + r * MF_THREADS;
         if (i < MF_K * MF_F) {
             const int f = i % MF_F;
-            old[i] = (raw[r] - __ldg(P + OFF_MEAN + f)) / __ldg(P + OFF_STD + f);
+            old[i] = ONE_F ? (raw[r] - mean) / sd : (raw[r] - __ldg(P + OFF_MEAN + f)) / __ldg(P + OFF_STD + f);
             if (MF_CL == 1 && pushed) win[i] = raw[r];
         }
     }
