@@ -2,11 +2,12 @@
 CUDA graph.
 
 Per decision batch of B rows padded to a bucket b in (1, 2, 4, ..., max_batch), the bucket's
-graph runs one kernel (:mod:`agent.kernels.decide`): each thread block pushes its row into
-the slot's window and takes it through the encoder, both heads, Thompson and Kelly. Buckets up
-to :data:`CLUSTER_BUCKET` rows use the forward's cluster variant (a window split over a cluster
-of blocks by heads), up to :data:`LATENCY_BUCKET` rows its latency variant (weights staged in
-shared memory, every thread on every stage), larger ones the throughput variant.
+graph runs one kernel (:mod:`agent.kernels.decide`): each thread block (or cluster of blocks)
+pushes its row into the slot's window and takes it through the encoder, both heads, Thompson
+and Kelly. The bucket's size picks the forward's variant
+(:func:`agent.kernels.decide.decide_variant`): a window split over a cluster of four or two
+blocks by heads where the device has thread-block clusters, else one block a multiprocessor
+with the weights staged in shared memory, and the throughput variant for large buckets.
 
 Inputs (feature rows, slots, health, positions, regime scale) and the output records live in
 pinned mapped host memory (:mod:`agent.gpu.pinned`) that the kernel reads and writes
@@ -34,20 +35,13 @@ from agent.gpu.pinned import MappedArray, mapped_empty
 from agent.gpu.runner import Batch, Costs, RawDecision, column_error
 from agent.kernels.decide import decide, decide_variant, out_dtype
 from agent.kernels.loader import cupy
-from agent.kernels.mamba_forward import CLUSTER, Variant, cluster_ranks, pack_params
+from agent.kernels.mamba_forward import Variant, cluster_ranks, pack_params
 from agent.model.checkpoint import Checkpoint
 from agent.model.config import ModelConfig
 from agent.model.heads import ACTIONS, c51_support, return_bin_centres
 from agent.policy.config import PolicyConfig
 
-__all__ = ["CLUSTER_BUCKET", "LATENCY_BUCKET", "CudaRunner", "batch_buckets"]
-
-CLUSTER_BUCKET = 16
-"""Buckets up to this size run the forward's cluster variant (a cluster of blocks a window) on
-devices with thread-block clusters (compute capability 9.0 or later)."""
-LATENCY_BUCKET = 64
-"""Buckets up to this size run the forward's latency variant (one block a multiprocessor:
-the H200's 132 hold 64 windows in one wave); larger ones the throughput variant."""
+__all__ = ["CudaRunner", "batch_buckets"]
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -101,8 +95,8 @@ class _Weights:
 
     config: ModelConfig
     packed: Any
-    packed_split: Any
-    """The cluster variant's packing (its ranks' shares)."""
+    shares: dict[int, Any]
+    """Cluster size -> the packing of its ranks' shares (for each split variant in use)."""
     support: Any  # (atoms,) float32
     centres32: Any  # (bins,) float32
     centres64: Any  # (bins,) float64
@@ -148,7 +142,7 @@ class CudaRunner:
             cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
         )
         # Thread-block clusters need compute capability 9.0 (Hopper) or later.
-        self._cluster_rows = CLUSTER_BUCKET if int(cp.cuda.Device().compute_capability) >= 90 else 0
+        self._clusters = int(cp.cuda.Device().compute_capability) >= 90
         self._last: npt.NDArray[np.void] | None = None
         self._open = True
 
@@ -159,12 +153,11 @@ class CudaRunner:
         variants = {bucket: self._variant(cfg, bucket) for bucket in self.buckets}
         with stream:
             pack = (checkpoint.params, cfg, checkpoint.norm_mean, checkpoint.norm_std)
-            packed = cp.asarray(pack_params(*pack))
-            split = any(variant.split for variant in variants.values())
+            clusters = {cluster_ranks(cfg, variant) for variant in variants.values() if variant.split}
             weights = _Weights(
                 cfg,
-                packed,
-                cp.asarray(pack_params(*pack, cluster_ranks(cfg, CLUSTER))) if split else packed,
+                cp.asarray(pack_params(*pack)),
+                {ranks: cp.asarray(pack_params(*pack, ranks)) for ranks in clusters},
                 c51_support(cfg, cp),
                 return_bin_centres(cfg, cp),
                 return_bin_centres(cfg, cp, np.float64),
@@ -189,14 +182,14 @@ class CudaRunner:
 
     def _variant(self, cfg: ModelConfig, rows: int) -> Variant:
         """The forward variant of a launch of ``rows`` rows on this device."""
-        return decide_variant(cfg, rows, self._cluster_rows, LATENCY_BUCKET, self._max_shared)
+        return decide_variant(cfg, rows, clusters=self._clusters, max_shared=self._max_shared)
 
     def _enqueue(self, weights: _Weights, n: int, io: dict[str, Any]) -> None:
         """Launch the decision kernel for rows [0, n) of ``io`` on the current stream."""
         cfg = weights.config
         variant = self._variant(cfg, n)
         decide(
-            weights.packed_split if variant.split else weights.packed,
+            weights.shares[cluster_ranks(cfg, variant)] if variant.split else weights.packed,
             cfg,
             variant,
             support=weights.support,

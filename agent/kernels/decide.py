@@ -22,6 +22,7 @@ from agent.kernels.kelly import kelly_policy_args
 from agent.kernels.mamba_forward import (
     CLUSTER,
     LATENCY,
+    PAIR,
     THROUGHPUT,
     Variant,
     cluster_ranks,
@@ -32,7 +33,7 @@ from agent.model.config import ModelConfig
 from agent.policy.config import PolicyConfig
 from agent.policy.philox import Purpose
 
-__all__ = ["decide", "decide_variant", "out_dtype"]
+__all__ = ["CLUSTER_ROWS", "LATENCY_ROWS", "PAIR_ROWS", "decide", "decide_variant", "out_dtype"]
 
 
 def out_dtype(n_actions: int) -> np.dtype[Any]:
@@ -57,17 +58,27 @@ def out_dtype(n_actions: int) -> np.dtype[Any]:
     )
 
 
-def decide_variant(
-    cfg: ModelConfig, rows: int, cluster_rows: int, latency_rows: int, max_shared: int
-) -> Variant:
-    """The forward variant for a launch of ``rows`` rows: up to ``cluster_rows`` rows the
-    cluster variant (where the model splits over more than one rank), up to ``latency_rows``
-    the latency variant, when their staged weights fit in ``max_shared`` bytes of shared memory
-    per block; else the throughput variant."""
-    if rows <= cluster_rows and cluster_ranks(cfg, CLUSTER) > 1 and shared_bytes(cfg, CLUSTER) <= max_shared:
-        return CLUSTER
-    if rows <= latency_rows and shared_bytes(cfg, LATENCY) <= max_shared:
-        return LATENCY
+CLUSTER_ROWS = 16
+"""Launches of up to this many rows run the cluster variant where the device has clusters."""
+PAIR_ROWS = 64
+"""Up to this many, the pair variant (on the H200, 32 rows on clusters of four took 50 us of
+device time, on pairs 35 us: four times the rows' blocks were no longer resident at once)."""
+LATENCY_ROWS = 64
+"""Up to this many, the latency variant (one block a multiprocessor: the H200's 132 hold 64
+windows in one wave); larger launches the throughput variant."""
+
+
+def decide_variant(cfg: ModelConfig, rows: int, *, clusters: bool, max_shared: int) -> Variant:
+    """The forward variant for a launch of ``rows`` rows: on a device with thread-block
+    clusters (``clusters``), up to :data:`CLUSTER_ROWS` rows the cluster variant and up to
+    :data:`PAIR_ROWS` the pair variant (where the model splits over more than one rank); up to
+    :data:`LATENCY_ROWS` the latency variant; each only where its staged weights fit in
+    ``max_shared`` bytes of shared memory a block. Else the throughput variant."""
+    forms: list[tuple[int, Variant]] = [(CLUSTER_ROWS, CLUSTER), (PAIR_ROWS, PAIR)] if clusters else []
+    for limit, variant in [*forms, (LATENCY_ROWS, LATENCY)]:
+        divides = not variant.split or cluster_ranks(cfg, variant) > 1
+        if rows <= limit and divides and shared_bytes(cfg, variant) <= max_shared:
+            return variant
     return THROUGHPUT
 
 

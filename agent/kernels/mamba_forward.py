@@ -26,6 +26,7 @@ from agent.model.params import block_prefix, param_shapes
 __all__ = [
     "CLUSTER",
     "LATENCY",
+    "PAIR",
     "THROUGHPUT",
     "VARIANTS",
     "ForwardLayout",
@@ -38,6 +39,10 @@ __all__ = [
     "pack_params",
     "shared_bytes",
 ]
+
+
+MAX_CLUSTER = 8
+"""The portable thread-block cluster size limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +61,8 @@ class Variant:
     split: bool = False
     """A window is split over a thread-block cluster, one rank a share of the heads
     (:func:`cluster_ranks`)."""
+    ranks: int = MAX_CLUSTER
+    """The most blocks a split window's cluster may take."""
     fill: int = 1
     """Staged (and adaptive) matmuls take the longest row tile whose work items still occupy
     ``threads / fill`` threads: above 1, fewer threads each reuse a weight over more rows."""
@@ -76,16 +83,17 @@ class Variant:
 
 LATENCY = Variant("latency", 512, 4, staged=True, fill=2)
 """Small batches: every thread of the block on every stage, weights staged with cp.async."""
-CLUSTER = Variant("cluster", 256, 4, staged=True, split=True, fill=2)
-"""The fewest rows: each window on a cluster of blocks (one a multiprocessor), each rank
-staging and computing its heads' share of every layer, the residual stream reduced across the
-cluster through distributed shared memory."""
+CLUSTER = Variant("cluster", 256, 4, staged=True, split=True, fill=2, ranks=4)
+"""The fewest rows: each window on a cluster of (up to) four blocks, one a multiprocessor, each
+rank staging and computing its heads' share of every layer, the residual stream reduced across
+the cluster through distributed shared memory."""
+PAIR = Variant("pair", 512, 4, staged=True, split=True, fill=2, ranks=2)
+"""A few dozen rows: the cluster form on two blocks a window, 512 threads each (rows x 4 blocks
+would no longer be resident at once)."""
 THROUGHPUT = Variant("throughput", 256, 4, staged=False, blocks=4)
 """Large batches: weights through L1, four blocks a multiprocessor (as many as their shared
 memory allows; registers capped at 64 a thread) to hide the scan's and the loads' latency."""
-VARIANTS = {v.name: v for v in (LATENCY, CLUSTER, THROUGHPUT)}
-MAX_CLUSTER = 8
-"""The portable thread-block cluster size limit."""
+VARIANTS = {v.name: v for v in (LATENCY, CLUSTER, PAIR, THROUGHPUT)}
 _ALIGN = 4
 """Every tensor starts on a 16-byte boundary (float4 loads in the kernel)."""
 
@@ -116,11 +124,13 @@ class ForwardLayout:
 
 def cluster_ranks(cfg: ModelConfig, variant: Variant) -> int:
     """Blocks a window of ``variant`` takes: 1, or for a split variant the largest cluster
-    (<= :data:`MAX_CLUSTER`) whose ranks hold whole heads of one group each (it divides the
-    heads and the groups divide it), for a ``d_model`` that is a multiple of 4."""
+    (<= ``variant.ranks``, at most :data:`MAX_CLUSTER`) whose ranks hold whole heads of one
+    group each (it divides the heads and the groups divide it), for a ``d_model`` that is a
+    multiple of 4."""
     if variant.split:
         for ranks in (MAX_CLUSTER, 4, 2):
-            if cfg.n_heads % ranks == 0 and ranks % cfg.ngroups == 0 and cfg.d_model % 4 == 0:
+            fits = ranks <= variant.ranks and cfg.n_heads % ranks == 0 and ranks % cfg.ngroups == 0
+            if fits and cfg.d_model % 4 == 0:
                 return ranks
     return 1
 

@@ -14,11 +14,13 @@ from agent.kernels.decide import decide, decide_variant, out_dtype
 from agent.kernels.mamba_forward import (
     CLUSTER,
     LATENCY,
+    PAIR,
     THROUGHPUT,
     VARIANTS,
     cluster_ranks,
     forward_layout,
     pack_params,
+    shared_bytes,
 )
 from agent.model.config import ModelConfig
 from agent.model.heads import c51_support, return_bin_centres
@@ -31,10 +33,11 @@ from tests.support.decide_chain import DecideInputs, check_decision, decide_poli
     [
         (ModelConfig(n_features=32), "cluster", "thompson"),
         (SMALL, "cluster", "greedy"),
+        (ModelConfig(n_features=32), "pair", "greedy"),
         (SMALL, "latency", "thompson"),
         (SMALL, "throughput", "greedy"),
     ],
-    ids=["cluster-default", "cluster-small", "latency-small", "throughput-small"],
+    ids=["cluster-default", "cluster-small", "pair-default", "latency-small", "throughput-small"],
 )
 def test_decide_matches_the_reference_chain(
     emu: ModuleType, cfg: ModelConfig, variant: str, selection: Literal["thompson", "greedy"]
@@ -77,13 +80,19 @@ def test_decide_matches_the_reference_chain(
 def test_the_variant_follows_the_rows_the_shape_and_the_device() -> None:
     cfg, small = ModelConfig(n_features=32), SMALL
     big = 1 << 20  # shared memory enough for every variant
-    assert decide_variant(cfg, 1, 16, 64, big) is CLUSTER
-    assert decide_variant(cfg, 16, 16, 64, big) is CLUSTER
-    assert decide_variant(cfg, 17, 16, 64, big) is LATENCY
-    assert decide_variant(cfg, 65, 16, 64, big) is THROUGHPUT
-    assert decide_variant(cfg, 1, 0, 64, big) is LATENCY  # no clusters on the device
-    assert decide_variant(cfg, 1, 16, 64, 100 * 1024) is THROUGHPUT  # neither staged form fits
+    assert decide_variant(cfg, 1, clusters=True, max_shared=big) is CLUSTER
+    assert decide_variant(cfg, 16, clusters=True, max_shared=big) is CLUSTER
+    assert decide_variant(cfg, 17, clusters=True, max_shared=big) is PAIR
+    assert decide_variant(cfg, 64, clusters=True, max_shared=big) is PAIR
+    assert decide_variant(cfg, 65, clusters=True, max_shared=big) is THROUGHPUT
+    assert decide_variant(cfg, 1, clusters=False, max_shared=big) is LATENCY  # no clusters on the device
+    assert decide_variant(cfg, 64, clusters=False, max_shared=big) is LATENCY
+    # The pair's staged share does not fit where the cluster's does: the next form that fits.
+    assert decide_variant(cfg, 17, clusters=True, max_shared=shared_bytes(cfg, CLUSTER)) is THROUGHPUT
+    assert decide_variant(cfg, 1, clusters=True, max_shared=100 * 1024) is THROUGHPUT  # no staged form fits
     single = ModelConfig(n_features=32, expand=1, headdim=64)  # one head: nothing to split
     assert cluster_ranks(single, CLUSTER) == 1
-    assert decide_variant(single, 1, 16, 64, big) is LATENCY
+    assert decide_variant(single, 1, clusters=True, max_shared=big) is LATENCY
+    assert cluster_ranks(cfg, CLUSTER) == 4 and cluster_ranks(cfg, PAIR) == 2  # 8 heads, one group
     assert cluster_ranks(small, CLUSTER) == 4  # 4 heads, 2 groups: a rank a head, two a group
+    assert cluster_ranks(small, PAIR) == 2  # a rank a group
