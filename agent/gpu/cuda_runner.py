@@ -90,6 +90,23 @@ class _IO:
 
 
 @dataclass(frozen=True, slots=True)
+class _RowViews:
+    """The host views of a batch of n rows, sliced once per n (a slice costs as much as the
+    write into it)."""
+
+    bucket: int
+    """The smallest bucket holding n rows (its graph runs the batch)."""
+    positions: npt.NDArray[np.int32]
+    regime: npt.NDArray[np.float32]
+    healthy: npt.NDArray[np.bool_]
+    rows: npt.NDArray[np.float32]
+    slots: npt.NDArray[np.int32]
+    padding: npt.NDArray[np.int32]
+    """The slots of rows n to the bucket's end (kept at -1: skipped)."""
+    out: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True, slots=True)
 class _Weights:
     """A model's device constants."""
 
@@ -127,8 +144,6 @@ class CudaRunner:
         self.costs = costs
         self.max_batch = max_batch
         self.buckets = batch_buckets(max_batch)
-        # _bucket_of[n]: the smallest bucket holding n rows.
-        self._bucket_of = [next(b for b in self.buckets if b >= n) for n in range(max_batch + 1)]
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
             self.window = cp.zeros((tick_values.size, window, n_features), dtype=cp.float32)
@@ -137,6 +152,7 @@ class CudaRunner:
             self.tick_value = cp.asarray(tick_values, dtype=cp.float64)
         self.stream.synchronize()
         self.io = _IO.mapped(max_batch, n_features)
+        self._views: dict[int, _RowViews] = {}
         self._record = out_dtype(len(ACTIONS))
         self._max_shared = int(  # cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
             cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
@@ -213,23 +229,22 @@ class CudaRunner:
     def run(self, model: object, batch: Batch) -> RawDecision:
         if not self._open:
             raise InferenceError("the engine is closed")
-        graphs = cast(_CudaModel, model).graphs
         n = batch.slots.size
-        bucket = self._bucket_of[n]
-        host = self.io.host
+        io = self._views.get(n) or self._row_views(n)
         try:  # NumPy broadcasts a scalar column; a column of another length raises
-            host["positions"][:n] = batch.positions
-            host["regime"][:n] = batch.regime
-            host["healthy"][:n] = batch.healthy
+            io.positions[...] = batch.positions
+            io.regime[...] = batch.regime
+            io.healthy[...] = batch.healthy
         except ValueError as exc:
             raise column_error(n, exc) from None
-        host["rows"][:n] = batch.features
-        host["slots"][:n] = batch.slots
-        host["slots"][n:bucket] = -1
-        graphs[bucket].launch(self.stream)
+        io.rows[...] = batch.features
+        io.slots[...] = batch.slots
+        if n < io.bucket:
+            io.padding[...] = -1
+        cast(_CudaModel, model).graphs[io.bucket].launch(self.stream)
         self.stream.synchronize()
         # One copy (bytearray: the cheapest writable one); the decision's arrays are its fields.
-        out = self._last = np.frombuffer(bytearray(host["out"][:n]), self._record)
+        out = self._last = np.frombuffer(bytearray(io.out), self._record)
         return RawDecision(
             action=out["action"],
             direction=out["direction"],
@@ -243,6 +258,21 @@ class CudaRunner:
             regime_scale=out["regime_scale"],
             step=out["step"],
         )
+
+    def _row_views(self, n: int) -> _RowViews:
+        host = self.io.host
+        bucket = next(b for b in self.buckets if b >= n)
+        views = self._views[n] = _RowViews(
+            bucket,
+            host["positions"][:n],
+            host["regime"][:n],
+            host["healthy"][:n],
+            host["rows"][:n],
+            host["slots"][:n],
+            host["slots"][n:bucket],
+            host["out"][:n],
+        )
+        return views
 
     def steps(self) -> npt.NDArray[np.uint64]:
         steps: npt.NDArray[np.uint64] = self.decisions.get(stream=self.stream)  # waits for the stream
