@@ -154,11 +154,13 @@ class CudaRunner:
         self.io = _IO.mapped(max_batch, n_features)
         self._views: dict[int, _RowViews] = {}
         self._record = out_dtype(len(ACTIONS))
+        device = cp.cuda.Device()
         self._max_shared = int(  # cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
-            cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id)
+            cp.cuda.runtime.deviceGetAttribute(97, device.id)
         )
+        self._multiprocessors = int(device.attributes["MultiProcessorCount"])
         # Thread-block clusters need compute capability 9.0 (Hopper) or later.
-        self._clusters = int(cp.cuda.Device().compute_capability) >= 90
+        self._clusters = int(device.compute_capability) >= 90
         self._last: npt.NDArray[np.void] | None = None
         self._open = True
 
@@ -198,7 +200,13 @@ class CudaRunner:
 
     def _variant(self, cfg: ModelConfig, rows: int) -> Variant:
         """The forward variant of a launch of ``rows`` rows on this device."""
-        return decide_variant(cfg, rows, clusters=self._clusters, max_shared=self._max_shared)
+        return decide_variant(
+            cfg,
+            rows,
+            multiprocessors=self._multiprocessors,
+            clusters=self._clusters,
+            max_shared=self._max_shared,
+        )
 
     def _enqueue(self, weights: _Weights, n: int, io: dict[str, Any]) -> None:
         """Launch the decision kernel for rows [0, n) of ``io`` on the current stream."""

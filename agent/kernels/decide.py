@@ -33,7 +33,7 @@ from agent.model.config import ModelConfig
 from agent.policy.config import PolicyConfig
 from agent.policy.philox import Purpose
 
-__all__ = ["CLUSTER_ROWS", "LATENCY_ROWS", "PAIR_ROWS", "decide", "decide_variant", "out_dtype"]
+__all__ = ["decide", "decide_variant", "out_dtype"]
 
 
 def out_dtype(n_actions: int) -> np.dtype[Any]:
@@ -58,27 +58,29 @@ def out_dtype(n_actions: int) -> np.dtype[Any]:
     )
 
 
-CLUSTER_ROWS = 16
-"""Launches of up to this many rows run the cluster variant where the device has clusters."""
-PAIR_ROWS = 64
-"""Up to this many, the pair variant (on the H200, 32 rows on clusters of four took 50 us of
-device time, on pairs 35 us: four times the rows' blocks were no longer resident at once)."""
-LATENCY_ROWS = 64
-"""Up to this many, the latency variant (one block a multiprocessor: the H200's 132 hold 64
-windows in one wave); larger launches the throughput variant."""
+def decide_variant(
+    cfg: ModelConfig, rows: int, *, multiprocessors: int, clusters: bool, max_shared: int
+) -> Variant:
+    """The forward variant for a launch of ``rows`` rows on a device of ``multiprocessors``
+    multiprocessors, with thread-block clusters or not (``clusters``) and ``max_shared`` bytes of
+    shared memory a block. Where the device has clusters and the model splits over more than one
+    rank: the cluster variant while its blocks take at most half the multiprocessors (a cluster
+    of four needs four of one GPC: the H200 held 30 such clusters at once, not 33), the pair
+    variant while its blocks take at most all of them (one wave). Else the latency variant for up
+    to two waves of one block a multiprocessor, and the throughput variant above. A staged form
+    only where its weights fit in ``max_shared``.
 
-
-def decide_variant(cfg: ModelConfig, rows: int, *, clusters: bool, max_shared: int) -> Variant:
-    """The forward variant for a launch of ``rows`` rows: on a device with thread-block
-    clusters (``clusters``), up to :data:`CLUSTER_ROWS` rows the cluster variant and up to
-    :data:`PAIR_ROWS` the pair variant (where the model splits over more than one rank); up to
-    :data:`LATENCY_ROWS` the latency variant; each only where its staged weights fit in
-    ``max_shared`` bytes of shared memory a block. Else the throughput variant."""
-    forms: list[tuple[int, Variant]] = [(CLUSTER_ROWS, CLUSTER), (PAIR_ROWS, PAIR)] if clusters else []
-    for limit, variant in [*forms, (LATENCY_ROWS, LATENCY)]:
-        divides = not variant.split or cluster_ranks(cfg, variant) > 1
-        if rows <= limit and divides and shared_bytes(cfg, variant) <= max_shared:
+    Measured on the H200 (132 multiprocessors), device time of each variant side by side: 32
+    rows 50.5 us on clusters of four, 34.7 on pairs; 128 rows 42.6 us latency, 70.8 pairs, 84.1
+    throughput; 256 rows 80.0 latency, 88.1 throughput; 512 rows 151.3 latency, 112.4
+    throughput."""
+    forms = [(multiprocessors // 2, CLUSTER), (multiprocessors, PAIR)] if clusters else []
+    for blocks, variant in forms:
+        ranks = cluster_ranks(cfg, variant)
+        if ranks > 1 and rows * ranks <= blocks and shared_bytes(cfg, variant) <= max_shared:
             return variant
+    if rows <= 2 * multiprocessors and shared_bytes(cfg, LATENCY) <= max_shared:
+        return LATENCY
     return THROUGHPUT
 
 

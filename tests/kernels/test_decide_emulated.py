@@ -17,6 +17,7 @@ from agent.kernels.mamba_forward import (
     PAIR,
     THROUGHPUT,
     VARIANTS,
+    Variant,
     cluster_ranks,
     forward_layout,
     pack_params,
@@ -80,19 +81,25 @@ def test_decide_matches_the_reference_chain(
 def test_the_variant_follows_the_rows_the_shape_and_the_device() -> None:
     cfg, small = ModelConfig(n_features=32), SMALL
     big = 1 << 20  # shared memory enough for every variant
-    assert decide_variant(cfg, 1, clusters=True, max_shared=big) is CLUSTER
-    assert decide_variant(cfg, 16, clusters=True, max_shared=big) is CLUSTER
-    assert decide_variant(cfg, 17, clusters=True, max_shared=big) is PAIR
-    assert decide_variant(cfg, 64, clusters=True, max_shared=big) is PAIR
-    assert decide_variant(cfg, 65, clusters=True, max_shared=big) is THROUGHPUT
-    assert decide_variant(cfg, 1, clusters=False, max_shared=big) is LATENCY  # no clusters on the device
-    assert decide_variant(cfg, 64, clusters=False, max_shared=big) is LATENCY
-    # The pair's staged share does not fit where the cluster's does: the next form that fits.
-    assert decide_variant(cfg, 17, clusters=True, max_shared=shared_bytes(cfg, CLUSTER)) is THROUGHPUT
-    assert decide_variant(cfg, 1, clusters=True, max_shared=100 * 1024) is THROUGHPUT  # no staged form fits
+
+    def variant(model: ModelConfig, rows: int, clusters: bool = True, shared: int = big) -> Variant:
+        return decide_variant(model, rows, multiprocessors=132, clusters=clusters, max_shared=shared)
+
+    assert cluster_ranks(cfg, CLUSTER) == 4 and cluster_ranks(cfg, PAIR) == 2  # 8 heads, one group
+    assert variant(cfg, 1) is CLUSTER
+    assert variant(cfg, 16) is CLUSTER  # 64 blocks: at most half the multiprocessors
+    assert variant(cfg, 17) is PAIR
+    assert variant(cfg, 66) is PAIR  # 132 blocks: one wave
+    assert variant(cfg, 67) is LATENCY
+    assert variant(cfg, 264) is LATENCY  # two waves of one block a multiprocessor
+    assert variant(cfg, 265) is THROUGHPUT
+    assert variant(cfg, 1, clusters=False) is LATENCY  # no clusters on the device
+    assert variant(cfg, 64, clusters=False) is LATENCY
+    # Where the pair's staged share does not fit but the cluster's does: the next form that fits.
+    assert variant(cfg, 17, shared=shared_bytes(cfg, CLUSTER)) is THROUGHPUT
+    assert variant(cfg, 1, shared=100 * 1024) is THROUGHPUT  # no staged form fits
     single = ModelConfig(n_features=32, expand=1, headdim=64)  # one head: nothing to split
     assert cluster_ranks(single, CLUSTER) == 1
-    assert decide_variant(single, 1, clusters=True, max_shared=big) is LATENCY
-    assert cluster_ranks(cfg, CLUSTER) == 4 and cluster_ranks(cfg, PAIR) == 2  # 8 heads, one group
+    assert variant(single, 1) is LATENCY
     assert cluster_ranks(small, CLUSTER) == 4  # 4 heads, 2 groups: a rank a head, two a group
     assert cluster_ranks(small, PAIR) == 2  # a rank a group
