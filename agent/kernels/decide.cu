@@ -129,7 +129,8 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         const int i = threadIdx.x + r * MF_THREADS;
         if (i < MF_K * MF_F) {
             const int f = i % MF_F;
-            old[i] = ONE_F ? (raw[r] - mean) / sd : (raw[r] - __ldg(P + OFF_MEAN + f)) / __ldg(P + OFF_STD + f);
+            old[i] = ONE_F ? (raw[r] - mean) / sd
+                           : (raw[r] - __ldg(P + OFF_MEAN + f)) / __ldg(P + OFF_STD + f);
             if (MF_CL == 1 && pushed) win[i] = raw[r];
         }
     }

@@ -54,7 +54,7 @@
 #define MF_FILL 1  // see mf_tile
 #endif
 #ifndef MF_MINB
-#define MF_MINB 0  // blocks a multiprocessor the decision kernel's registers must allow (0: any)
+#define MF_MINB 0  // blocks a multiprocessor the kernels' registers must allow (0: any)
 #endif
 #if MF_MINB > 0
 #define MF_BOUNDS __launch_bounds__(MF_THREADS, MF_MINB)
