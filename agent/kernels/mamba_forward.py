@@ -266,13 +266,13 @@ def _share(params: Mapping[str, npt.ArrayLike], cfg: ModelConfig, ranks: int, ra
     heads = np.arange(rank * hr, (rank + 1) * hr)
     bc = np.concatenate([di + g * n + np.arange(n), di + cfg.ngroups * n + g * n + np.arange(n)])
     rows = np.concatenate([mine, di + mine, di + bc, 2 * di + 2 * cfg.ngroups * n + heads])
+    channels = np.concatenate([mine, bc])
     share = dict(params)
     for i in range(cfg.n_layers):
         p = block_prefix(i)
         w_in = np.asarray(params[p + "W_in"], dtype=np.float32)[rows]
         pad = _aligned(w_in.shape[0]) - w_in.shape[0]
         share[p + "W_in"] = np.concatenate([w_in, np.zeros((pad, w_in.shape[1]), np.float32)])
-        channels = np.concatenate([mine, bc])
         share[p + "conv_w"] = np.asarray(params[p + "conv_w"])[channels]
         share[p + "conv_b"] = np.asarray(params[p + "conv_b"])[channels]
         for name in ("dt_bias", "A_log", "D"):
