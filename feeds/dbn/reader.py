@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import databento
 import databento_dbn
@@ -31,10 +34,19 @@ from feeds.dbn.framing import MBP10_SIZE, check_mbp10, concat_mbp10, is_rust_pan
 from feeds.errors import DBNFormatError
 from feeds.records import MBP10_DTYPE
 
-__all__ = ["DBNInfo", "dbn_files", "iter_mbp10", "iter_mbp10_files", "read_mbp10", "read_metadata"]
+__all__ = [
+    "DBNInfo",
+    "dbn_files",
+    "iter_mbp10",
+    "iter_mbp10_files",
+    "read_ahead",
+    "read_mbp10",
+    "read_metadata",
+]
 
 DBN_SUFFIXES = (".dbn", ".dbn.zst")
 UNDEF_TIMESTAMP = 2**64 - 1
+_T = TypeVar("_T")
 RECV_LAG_NS = 60 * 1_000_000_000
 """Margin when skipping files by their metadata range: metadata start/end bound ``ts_event``;
 ``ts_recv`` follows ``ts_event`` by far less than this."""
@@ -243,6 +255,7 @@ def iter_mbp10(
     chunk_records: int = 65_536,
     start_ns: int | None = None,
     end_ns: int | None = None,
+    ahead: int = 0,
 ) -> Iterator[npt.NDArray[np.void]]:
     """Yield MBP-10 records of a file or directory in bounded-memory chunks (each at most
     ``chunk_records`` records of :data:`MBP10_DTYPE`, read-only), files in time order.
@@ -251,10 +264,64 @@ def iter_mbp10(
     project writes. Files are expected to cover disjoint time ranges (daily files); if a chunk
     starts before the previous one ended, :class:`DBNFormatError` says so (use
     :func:`read_mbp10`, which merges). ``start_ns``/``end_ns`` keep ``start_ns <= ts_recv <
-    end_ns``.
+    end_ns``. With ``ahead > 0`` the chunks are decoded by a background thread, at most
+    ``ahead`` of them waiting (:func:`read_ahead`): for a consumer that computes on each chunk.
     """
-    for _, records in iter_mbp10_files(path, chunk_records=chunk_records, start_ns=start_ns, end_ns=end_ns):
-        yield records
+    files = iter_mbp10_files(path, chunk_records=chunk_records, start_ns=start_ns, end_ns=end_ns)
+    chunks = (records for _, records in files)
+    yield from read_ahead(chunks, ahead) if ahead > 0 else chunks
+
+
+_DONE = object()
+"""What :func:`read_ahead`'s thread puts after the last item (with the error it ended on)."""
+
+
+def read_ahead(items: Iterator[_T], depth: int) -> Generator[_T]:
+    """``items`` (a generator of chunks), produced by a background thread while the consumer
+    works on the ones before: at most ``depth`` wait, so memory stays bounded by that many more
+    chunks. Decompression (zstd) and NumPy release the GIL, so reading overlaps the consumer's
+    computing: ~0.1-0.3 s a million records (``bench backtest``). The order is kept, an error
+    is raised where it occurred in the sequence, and a consumer that stops early (a ``break``,
+    an exception, the generator closed) stops the thread and closes ``items`` before this
+    generator finishes closing."""
+    slots: queue.Queue[tuple[object, BaseException | None]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[object, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((_DONE, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put((_DONE, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = slots.get()
+            if item is _DONE:
+                if error is not None:
+                    raise error
+                return
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        thread.join()
 
 
 def iter_mbp10_files(

@@ -39,6 +39,8 @@ __all__ = [
 _NO_ID = -1
 """The instrument id :class:`FeatureStream` gives a record that is not MBP-10 (real ids are
 uint32)."""
+_NO_CLOSES = np.zeros(0, np.int64)
+_NO_CLOSES.flags.writeable = False
 _GROUP_RECORDS = 1 << 13
 """The vectorised path runs :func:`bar_statistics` over groups of whole bars of about this many
 records (~3 MB): each group's records are gathered from the chunk just before it reads them,
@@ -66,13 +68,15 @@ class _InstrumentStream:
         self._clock_before = 0  # running maximum of ts_recv before the open bar
         self._frames: list[BarFrame] = []
 
-    def push(self, chunk: np.ndarray, positions: np.ndarray | None, offset: int) -> None:
+    def push(self, chunk: np.ndarray, positions: np.ndarray | None, offset: int) -> np.ndarray:
         """Add this instrument's records of ``chunk`` (contiguous :data:`MBP10_DTYPE`): all of
         them when ``positions`` is ``None``, else ``chunk[positions]``. ``offset`` is the
-        chunk's position in the stream (for ``close_index``)."""
+        chunk's position in the stream (for ``close_index``). Returns the ``close_index`` of the
+        bars it closed."""
         local = np.arange(len(chunk), dtype=np.int64) if positions is None else positions
         if not len(local):
-            return
+            return _NO_CLOSES
+        closed = len(self._frames)
         tail = self._tail
         index = np.concatenate((self._tail_index, local + offset))
         mine = chunk["ts_recv"] if positions is None else chunk["ts_recv"][positions]
@@ -104,6 +108,8 @@ class _InstrumentStream:
             self._clock_before = int(clock[used - 1])
         self._tail = _gather(tail, chunk, positions, used, len(index))
         self._tail_index = index[used:]
+        new = self._frames[closed:]
+        return np.concatenate([f.close_index for f in new]) if new else _NO_CLOSES
 
     def frame(self) -> BarFrame:
         """The bars closed so far (the open bar's records are not used)."""
@@ -165,20 +171,23 @@ class FeatureStream:
         self._offset = 0
         self._rejected = 0
 
-    def push(self, records: np.ndarray) -> None:
-        """Add the next chunk (1-D :data:`MBP10_DTYPE`, any instruments, arrival order)."""
+    def push(self, records: np.ndarray) -> dict[int, np.ndarray]:
+        """Add the next chunk (1-D :data:`MBP10_DTYPE`, any instruments, arrival order); returns,
+        per instrument id, the ``close_index`` of the bars it closed (ascending)."""
         check_records(records)
         chunk = np.ascontiguousarray(records)  # bar_statistics views records as int64 words
         ids = chunk["instrument_id"].astype(np.int64)  # read once, then contiguous
         ids[~mbp10_header_ok(chunk)] = _NO_ID
         valid = np.zeros(chunk.shape[0], bool)
+        closes = {}
         for stream in self._streams:
             mine = ids == stream.spec.instrument_id
             valid |= mine
             positions = None if mine.all() else np.flatnonzero(mine)
-            stream.push(chunk, positions, self._offset)
+            closes[stream.spec.instrument_id] = stream.push(chunk, positions, self._offset)
         self._rejected += int(chunk.shape[0] - np.count_nonzero(valid))
         self._offset += chunk.shape[0]
+        return closes
 
     def result(self) -> FeatureSet:
         """The bars closed so far, a health monitor per symbol, and the rejected records."""
@@ -237,10 +246,11 @@ def compute_file(
 ) -> FeatureSet:
     """:func:`compute_all` over a DBN file or a directory of daily files (time-disjoint, as
     :func:`feeds.dbn.iter_mbp10` reads them), decoded and processed ``chunk_records`` records
-    at a time: memory stays bounded by a chunk plus the bars. ``start_ns``/``end_ns`` keep
+    at a time (the next ones decoded meanwhile by a background thread): memory stays bounded
+    by a few chunks plus the bars. ``start_ns``/``end_ns`` keep
     ``start_ns <= ts_recv < end_ns``. ``close_index`` counts records from the first one kept.
     Raises :class:`~feeds.errors.DBNFormatError` on unreadable files."""
     stream = FeatureStream(instruments, bars, health)
-    for chunk in iter_mbp10(path, chunk_records=chunk_records, start_ns=start_ns, end_ns=end_ns):
+    for chunk in iter_mbp10(path, chunk_records=chunk_records, start_ns=start_ns, end_ns=end_ns, ahead=2):
         stream.push(chunk)
     return stream.result()

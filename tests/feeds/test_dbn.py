@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import databento
@@ -33,6 +35,7 @@ from feeds.dbn import (
     write_mbp10,
 )
 from feeds.dbn.framing import concat_mbp10
+from feeds.dbn.reader import read_ahead
 from feeds.errors import DBNFormatError, UnknownInstrument
 from feeds.records import MBP10_DTYPE
 from feeds.synth import session_bounds, simulate_session
@@ -86,6 +89,56 @@ def test_plain_and_compressed_files_give_the_same_chunks(
         assert all(a.tobytes() == b.tobytes() for a, b in zip(mapped, decoded, strict=True))
         assert not any(c.flags.writeable for c in mapped)
     assert np.array_equal(np.concatenate(mapped), records)
+
+
+def test_reading_ahead_gives_the_same_chunks_and_errors(
+    tmp_path: Path, records: npt.NDArray[np.void]
+) -> None:
+    """``ahead`` decodes on a background thread: the same chunks in the same order, a corrupt
+    file's error raised after the same good chunks, and a consumer that stops early stops the
+    thread (the file's reader closed with it)."""
+    later = records.copy()
+    later["ts_recv"] += np.uint64(86_400 * 10**9)
+    _write(tmp_path / "a.dbn.zst", records)
+    _write(tmp_path / "b.dbn.zst", later, DAY + dt.timedelta(days=1))
+    for ahead in (1, 3):
+        plain = list(iter_mbp10(tmp_path, chunk_records=333))
+        read = list(iter_mbp10(tmp_path, chunk_records=333, ahead=ahead))
+        assert [c.tobytes() for c in read] == [c.tobytes() for c in plain]
+    threads = threading.active_count()
+    chunks = iter_mbp10(tmp_path, chunk_records=100, ahead=2)
+    assert len(next(chunks)) == 100
+    chunks.close()
+    assert threading.active_count() == threads
+    path = tmp_path / "b.dbn.zst"
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])  # the second file ends inside its data
+    for ahead in (0, 2):
+        got = []
+        with pytest.raises(DBNFormatError, match=r"b\.dbn\.zst"):
+            for chunk in iter_mbp10(tmp_path, chunk_records=500, ahead=ahead):
+                got.append(len(chunk))
+        assert sum(got) >= len(records)  # every chunk before the damage came first
+        if ahead == 0:
+            before = got
+    assert got == before
+
+
+def test_read_ahead_stops_its_source_when_the_consumer_stops() -> None:
+    closed = []
+
+    def source() -> Iterator[int]:
+        try:
+            yield from range(1_000)
+        finally:
+            closed.append(True)
+
+    items = read_ahead(source(), 2)
+    assert [next(items) for _ in range(5)] == list(range(5))
+    items.close()
+    assert closed == [True]
+    with pytest.raises(ZeroDivisionError):
+        list(read_ahead((1 // x for x in (1, 1, 0, 1)), 1))
 
 
 def test_writing_is_deterministic(tmp_path: Path, records: npt.NDArray[np.void]) -> None:
