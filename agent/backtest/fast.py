@@ -106,21 +106,25 @@ def load_bars(
     the ``[feeds]`` bar clock and health rules, and the book each bar's order meets after
     ``latency_ms``.
 
-    The file is decoded in chunks in feed order (as the replay source yields them), twice: the
-    first pass feeds each chunk to the vectorised features (:class:`feeds.features.FeatureStream`,
-    the same bars as :func:`feeds.features.compute_all` over the whole array) and keeps only what
-    the order schedule reads of every record (instrument and time, 12 bytes); the second gathers
-    the levels of the records the orders meet. No chunk outlives its pass: the peak is one chunk
-    and the bars, where keeping the records (368 bytes each) for the books cost more memory than
-    the second decode costs time."""
+    The file is decoded once, in chunks in feed order (as the replay source yields them; a
+    background thread decodes the next chunks meanwhile, :func:`feeds.dbn.reader.read_ahead`).
+    Each chunk goes to the vectorised features (:class:`feeds.features.FeatureStream`, the same
+    bars as :func:`feeds.features.compute_all` over the whole array); of every record only what
+    the order schedule reads is kept (instrument and time, 12 bytes), and the levels of the
+    records the bars' orders meet are caught as they go by (:class:`_Catch`). The peak is a few
+    chunks and the bars, where keeping the records (368 bytes each) cost more memory than the
+    books need."""
     stream = FeatureStream(specs, feeds.bars, feeds.health)
+    catch = _Catch(specs, latency_ms)
     parts: list[np.ndarray[Any, Any]] = []
-    for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns):
-        stream.push(chunk)
+    offset = 0
+    for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns, ahead=2):
+        catch.push(chunk, offset, stream.push(chunk))
         part = np.empty(len(chunk), _KEYS)
         for name in _KEYS.names or ():
             part[name] = chunk[name]
         parts.append(part)
+        offset += len(chunk)
     if not parts:
         raise BacktestError(f"{path}: no MBP-10 records between the selected dates")
     result = stream.result()
@@ -132,7 +136,7 @@ def load_bars(
     schedules = [
         order_schedule(keys, s.instrument_id, result.frames[s.symbol].close_index, latency_ms) for s in specs
     ]
-    levels = _levels_at(path, start_ns, end_ns, [sch.rows for sch in schedules])
+    levels = catch.levels([sch.rows for sch in schedules])
     return BarSet(
         frames=result.frames,
         books={
@@ -146,22 +150,116 @@ def load_bars(
     )
 
 
-def _levels_at(
-    path: str | Path, start_ns: int, end_ns: int, rows: Sequence[np.ndarray[Any, Any]]
-) -> list[np.ndarray[Any, Any]]:
-    """For each ascending array of record indices in ``rows`` (of the records of ``path`` in
-    ``[start_ns, end_ns)``, in feed order), the book levels of those records
-    (:data:`feeds.book.LEVEL_DTYPE`, ``[len, LEVELS]``), gathered in one decoding pass."""
-    out = [np.empty((r.shape[0], LEVELS), LEVEL_DTYPE) for r in rows]
-    first = 0
-    for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns):
-        end = first + len(chunk)
-        for r, o in zip(rows, out, strict=True):
-            lo, hi = np.searchsorted(r, (first, end)).tolist()
-            if hi > lo:
-                _words(o[lo:hi])[...] = _words(levels_at(chunk, r[lo:hi] - first))
-        first = end
-    return out
+class _Catch:
+    """The levels of the records the bars' orders meet, caught during :func:`load_bars`' one pass.
+
+    :func:`agent.execution.fills.order_schedule` says which record an order meets: the
+    instrument's last record with ``ts_recv <= t + latency`` (running maximum), ``t`` that of the
+    instrument's first record after the bar's ``close_index`` (the closer). After each chunk the
+    same rule runs on the records seen so far (per instrument, their stream index and running
+    maximum ``ts_recv``: 16 bytes a record) for the bars closed and not settled yet. A bar is
+    settled once its closer and a record past its due time have arrived: its record can no longer
+    change, and it is the instrument's record just before that later one, which came in this
+    chunk; so it is in this chunk, or it is the instrument's last record before it, whose levels
+    are kept. The bars still open at the end are settled on the instrument's last record, as the
+    schedule clamps them. :meth:`levels` checks that the records caught are the schedule's."""
+
+    def __init__(self, specs: Sequence[InstrumentSpec], latency_ms: float) -> None:
+        self._latency_ns = round(latency_ms * 1_000_000)
+        self._ids = [s.instrument_id for s in specs]
+        self._index = {i: _Growing() for i in self._ids}
+        self._clock = {i: _Growing() for i in self._ids}
+        self._open = {i: _NONE for i in self._ids}
+        """Per instrument: the close indices of its bars not settled yet."""
+        self._last: dict[int, tuple[int, np.ndarray[Any, Any]]] = {}
+        """Per instrument: its last record so far (stream index, levels ``[1, LEVELS]``)."""
+        self._rows: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
+        self._levels: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
+
+    def push(self, chunk: np.ndarray[Any, Any], offset: int, closes: dict[int, np.ndarray[Any, Any]]) -> None:
+        """The next chunk (at ``offset`` in the stream) and the bars it closed, per instrument id
+        (:meth:`feeds.features.FeatureStream.push`)."""
+        ids, ts = chunk["instrument_id"], chunk["ts_recv"]
+        for iid in self._ids:
+            mine = np.flatnonzero(ids == iid)
+            if mine.size:
+                clock = self._clock[iid]
+                t = ts[mine].astype(np.int64)
+                if clock.n:
+                    t[0] = max(int(t[0]), int(clock.values[-1]))
+                np.maximum.accumulate(t, out=t)
+                self._index[iid].extend(mine + offset)
+                clock.extend(t)
+            pending = np.concatenate([self._open[iid], closes.get(iid, _NONE)])
+            self._open[iid] = pending[self._settle(iid, pending, (chunk, offset)) :]
+            if mine.size:
+                self._last[iid] = (offset + int(mine[-1]), levels_at(chunk, mine[-1:]))
+
+    def _settle(
+        self, iid: int, closes: np.ndarray[Any, Any], chunk: tuple[np.ndarray[Any, Any], int] | None
+    ) -> int:
+        """Settle the leading ``closes`` that can be, with ``chunk`` (records, offset) the last
+        one pushed; every one at the end (``chunk`` None). Returns how many."""
+        index, clock = self._index[iid].values, self._clock[iid].values
+        n = index.shape[0]
+        if not closes.size or not n:
+            return 0
+        after = np.searchsorted(index, closes, side="right")  # the closers (n: not arrived yet)
+        met = np.searchsorted(clock, clock[np.minimum(after, n - 1)] + self._latency_ns, side="right")
+        # settled: the closer arrived and a record past the due time too (a prefix of the closes)
+        ready = closes if chunk is None else np.flatnonzero((after < n) & (met < n))
+        settled = int(ready.shape[0])
+        rows = index[met[:settled] - 1]
+        levels = np.empty((settled, LEVELS), LEVEL_DTYPE)
+        last, last_levels = self._last.get(iid, (-1, levels[:0]))
+        caught = rows == last
+        levels[caught] = last_levels
+        if chunk is not None:
+            records, start = chunk
+            inside = rows >= start
+            _words(levels)[inside] = _words(levels_at(records, rows[inside] - start))
+            caught |= inside
+        self._rows[iid].append(np.where(caught, rows, -1))
+        self._levels[iid].append(levels)
+        return settled
+
+    def levels(self, rows: Sequence[np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
+        """Per instrument (in ``specs`` order), the levels of the records ``rows`` (the order
+        schedule's, one per bar). Settles the bars still open first."""
+        out = []
+        for iid, want in zip(self._ids, rows, strict=True):
+            self._settle(iid, self._open[iid], None)
+            self._open[iid] = _NONE
+            got = np.concatenate([_NONE, *self._rows[iid]])
+            if not np.array_equal(got, want):  # see the class docstring: cannot differ
+                raise BacktestError(f"the books caught for instrument {iid} are not the order schedule's")
+            out.append(np.concatenate([np.empty((0, LEVELS), LEVEL_DTYPE), *self._levels[iid]]))
+        return out
+
+
+class _Growing:
+    """An int64 array appended to in amortised constant time (the capacity doubles)."""
+
+    def __init__(self) -> None:
+        self._data = np.empty(1024, np.int64)
+        self.n = 0
+
+    def extend(self, values: np.ndarray[Any, Any]) -> None:
+        end = self.n + values.shape[0]
+        if end > self._data.shape[0]:
+            grown = np.empty(max(end, 2 * self._data.shape[0]), np.int64)
+            grown[: self.n] = self._data[: self.n]
+            self._data = grown
+        self._data[self.n : end] = values
+        self.n = end
+
+    @property
+    def values(self) -> np.ndarray[Any, Any]:
+        return self._data[: self.n]
+
+
+_NONE = np.zeros(0, np.int64)
+_NONE.flags.writeable = False
 
 
 def _words(levels: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
