@@ -118,7 +118,7 @@ def load_bars(
     catch = _Catch(specs, latency_ms)
     parts: list[np.ndarray[Any, Any]] = []
     offset = 0
-    for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns, ahead=2):
+    for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns, ahead=1):
         catch.push(chunk, offset, stream.push(chunk))
         part = np.empty(len(chunk), _KEYS)
         for name in _KEYS.names or ():
@@ -156,21 +156,25 @@ class _Catch:
     :func:`agent.execution.fills.order_schedule` says which record an order meets: the
     instrument's last record with ``ts_recv <= t + latency`` (running maximum), ``t`` that of the
     instrument's first record after the bar's ``close_index`` (the closer). After each chunk the
-    same rule runs on the records seen so far (per instrument, their stream index and running
-    maximum ``ts_recv``: 16 bytes a record) for the bars closed and not settled yet. A bar is
-    settled once its closer and a record past its due time have arrived: its record can no longer
-    change, and it is the instrument's record just before that later one, which came in this
-    chunk; so it is in this chunk, or it is the instrument's last record before it, whose levels
-    are kept. The bars still open at the end are settled on the instrument's last record, as the
-    schedule clamps them. :meth:`levels` checks that the records caught are the schedule's."""
+    same rule runs, for the bars closed and not settled yet, on the instrument's records since
+    the oldest of them (their stream index and running maximum ``ts_recv``; older ones can no
+    longer be met, one is kept for the clamp below). A bar is settled once its closer and a
+    record past its due time have arrived: its record can no longer change, and it is the
+    instrument's record just before that later one, which came in this chunk; so it is in this
+    chunk, or it is the instrument's last record before it, whose levels are kept. The bars
+    still open at the end are settled on the instrument's last record, as the schedule clamps
+    them. :meth:`levels` checks that the records caught are the schedule's."""
 
     def __init__(self, specs: Sequence[InstrumentSpec], latency_ms: float) -> None:
         self._latency_ns = round(latency_ms * 1_000_000)
         self._ids = [s.instrument_id for s in specs]
-        self._index = {i: _Growing() for i in self._ids}
-        self._clock = {i: _Growing() for i in self._ids}
-        self._open = {i: _NONE for i in self._ids}
+        self._index = dict.fromkeys(self._ids, _NONE)
+        self._clock = dict.fromkeys(self._ids, _NONE)
+        """Per instrument: its recent records' stream index and running maximum ``ts_recv``."""
+        self._open = dict.fromkeys(self._ids, _NONE)
         """Per instrument: the close indices of its bars not settled yet."""
+        self._closed = dict.fromkeys(self._ids, -1)
+        """Per instrument: the close index of its last bar (later bars close at or after it)."""
         self._last: dict[int, tuple[int, np.ndarray[Any, Any]]] = {}
         """Per instrument: its last record so far (stream index, levels ``[1, LEVELS]``)."""
         self._rows: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
@@ -183,24 +187,31 @@ class _Catch:
         for iid in self._ids:
             mine = np.flatnonzero(ids == iid)
             if mine.size:
-                clock = self._clock[iid]
                 t = ts[mine].astype(np.int64)
-                if clock.n:
-                    t[0] = max(int(t[0]), int(clock.values[-1]))
+                if self._clock[iid].size:
+                    t[0] = max(int(t[0]), int(self._clock[iid][-1]))
                 np.maximum.accumulate(t, out=t)
-                self._index[iid].extend(mine + offset)
-                clock.extend(t)
-            pending = np.concatenate([self._open[iid], closes.get(iid, _NONE)])
+                self._index[iid] = np.concatenate([self._index[iid], mine + offset])
+                self._clock[iid] = np.concatenate([self._clock[iid], t])
+            new = closes.get(iid, _NONE)
+            if new.size:
+                self._closed[iid] = int(new[-1])
+            pending = np.concatenate([self._open[iid], new])
             self._open[iid] = pending[self._settle(iid, pending, (chunk, offset)) :]
             if mine.size:
                 self._last[iid] = (offset + int(mine[-1]), levels_at(chunk, mine[-1:]))
+            oldest = int(self._open[iid][0]) if self._open[iid].size else self._closed[iid]
+            if oldest >= 0:  # keep the records after it, and the one before (the clamp)
+                keep = max(int(np.searchsorted(self._index[iid], oldest, side="right")) - 1, 0)
+                self._index[iid] = self._index[iid][keep:]
+                self._clock[iid] = self._clock[iid][keep:]
 
     def _settle(
         self, iid: int, closes: np.ndarray[Any, Any], chunk: tuple[np.ndarray[Any, Any], int] | None
     ) -> int:
         """Settle the leading ``closes`` that can be, with ``chunk`` (records, offset) the last
         one pushed; every one at the end (``chunk`` None). Returns how many."""
-        index, clock = self._index[iid].values, self._clock[iid].values
+        index, clock = self._index[iid], self._clock[iid]
         n = index.shape[0]
         if not closes.size or not n:
             return 0
@@ -230,32 +241,11 @@ class _Catch:
         for iid, want in zip(self._ids, rows, strict=True):
             self._settle(iid, self._open[iid], None)
             self._open[iid] = _NONE
-            got = np.concatenate([_NONE, *self._rows[iid]])
+            got = np.concatenate([_NONE, *self._rows.pop(iid)])
             if not np.array_equal(got, want):  # see the class docstring: cannot differ
                 raise BacktestError(f"the books caught for instrument {iid} are not the order schedule's")
-            out.append(np.concatenate([np.empty((0, LEVELS), LEVEL_DTYPE), *self._levels[iid]]))
+            out.append(np.concatenate([np.empty((0, LEVELS), LEVEL_DTYPE), *self._levels.pop(iid)]))
         return out
-
-
-class _Growing:
-    """An int64 array appended to in amortised constant time (the capacity doubles)."""
-
-    def __init__(self) -> None:
-        self._data = np.empty(1024, np.int64)
-        self.n = 0
-
-    def extend(self, values: np.ndarray[Any, Any]) -> None:
-        end = self.n + values.shape[0]
-        if end > self._data.shape[0]:
-            grown = np.empty(max(end, 2 * self._data.shape[0]), np.int64)
-            grown[: self.n] = self._data[: self.n]
-            self._data = grown
-        self._data[self.n : end] = values
-        self.n = end
-
-    @property
-    def values(self) -> np.ndarray[Any, Any]:
-        return self._data[: self.n]
 
 
 _NONE = np.zeros(0, np.int64)

@@ -251,6 +251,6 @@ def compute_file(
     ``start_ns <= ts_recv < end_ns``. ``close_index`` counts records from the first one kept.
     Raises :class:`~feeds.errors.DBNFormatError` on unreadable files."""
     stream = FeatureStream(instruments, bars, health)
-    for chunk in iter_mbp10(path, chunk_records=chunk_records, start_ns=start_ns, end_ns=end_ns, ahead=2):
+    for chunk in iter_mbp10(path, chunk_records=chunk_records, start_ns=start_ns, end_ns=end_ns, ahead=1):
         stream.push(chunk)
     return stream.result()
