@@ -1,13 +1,12 @@
 """Replay of recorded DBN files as a source: as fast as possible, or paced at real time x N.
 
 The path is one ``.dbn``/``.dbn.zst`` file or a directory of daily files (read in time order
-by :func:`feeds.dbn.iter_mbp10`; a background thread decodes the next chunk while the current
-one is replayed, so a paced replay does not hold the event loop for a chunk's decompression,
-~10 ms). With ``pace == 0`` every chunk is yielded as soon as the consumer asks for it. With
-``pace == N > 0`` a record is released when the wall clock has advanced ``(ts_recv - first
-ts_recv) / N`` since the replay started; records due together form one batch, and recorded
-gaps (overnight, outages) are replayed as they are, i.e. slept through (scaled by N) without
-any event: a replayed gap looks exactly like the original one to the book's stale-feed check.
+by :func:`feeds.dbn.iter_mbp10`). With ``pace == 0`` every chunk is yielded as soon as the
+consumer asks for it. With ``pace == N > 0`` a record is released when the wall clock has
+advanced ``(ts_recv - first ts_recv) / N`` since the replay started; records due together form
+one batch, and recorded gaps (overnight, outages) are replayed as they are, i.e. slept through
+(scaled by N) without any event: a replayed gap looks exactly like the original one to the
+book's stale-feed check.
 
 After :meth:`~feeds.sources.base.Source.resume_after` (a restarted relay), the records the stream
 already holds are dropped as each chunk is read, before the pacing: the first record released
@@ -25,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from feeds.dbn import DBNInfo, dbn_files, read_metadata
-from feeds.dbn.reader import iter_mbp10_files, read_ahead
+from feeds.dbn.reader import iter_mbp10_files
 from feeds.errors import FeedError
 from feeds.sources.base import Source
 from feeds.sources.events import RecordBatch, SourceEvent
@@ -66,7 +65,7 @@ class ReplaySource(Source):
         self.batch_records = batch_records
         self.dataset = dataset
         self._expected = dataset
-        self._chunks: Generator[tuple[DBNInfo, np.ndarray]] | None = None
+        self._chunks: Iterator[tuple[DBNInfo, np.ndarray]] | None = None
         self._chunk: np.ndarray | None = None
         self._pos = 0
         self._pending: collections.deque[SourceEvent] = collections.deque()
@@ -78,12 +77,9 @@ class ReplaySource(Source):
             info = read_metadata(file)
             self.dataset = self.dataset or info.dataset
             self.symbols.update(info.symbols)
-        chunks = iter_mbp10_files(self.path, chunk_records=max(self.batch_records, 65_536))
-        self._chunks = read_ahead(chunks, 1)
+        self._chunks = iter_mbp10_files(self.path, chunk_records=max(self.batch_records, 65_536))
 
     async def _stop(self) -> None:
-        if self._chunks is not None:
-            self._chunks.close()  # stops the reading thread
         self._chunks = None
         self._chunk = None
 
