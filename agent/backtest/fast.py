@@ -107,13 +107,13 @@ def load_bars(
     ``latency_ms``.
 
     The file is decoded once, in chunks in feed order (as the replay source yields them; a
-    background thread decodes the next chunks meanwhile, :func:`feeds.dbn.reader.read_ahead`).
+    background thread decodes the next chunk meanwhile, :func:`feeds.dbn.reader.read_ahead`).
     Each chunk goes to the vectorised features (:class:`feeds.features.FeatureStream`, the same
     bars as :func:`feeds.features.compute_all` over the whole array); of every record only what
     the order schedule reads is kept (instrument and time, 12 bytes), and the levels of the
     records the bars' orders meet are caught as they go by (:class:`_Catch`). The peak is a few
-    chunks and the bars, where keeping the records (368 bytes each) cost more memory than the
-    books need."""
+    chunks, the bars and their books, where keeping the records (368 bytes each) cost more
+    memory than the books need."""
     stream = FeatureStream(specs, feeds.bars, feeds.health)
     catch = _Catch(specs, latency_ms)
     parts: list[np.ndarray[Any, Any]] = []
@@ -218,8 +218,7 @@ class _Catch:
         after = np.searchsorted(index, closes, side="right")  # the closers (n: not arrived yet)
         met = np.searchsorted(clock, clock[np.minimum(after, n - 1)] + self._latency_ns, side="right")
         # settled: the closer arrived and a record past the due time too (a prefix of the closes)
-        ready = closes if chunk is None else np.flatnonzero((after < n) & (met < n))
-        settled = int(ready.shape[0])
+        settled = int(closes.shape[0] if chunk is None else np.count_nonzero((after < n) & (met < n)))
         rows = index[met[:settled] - 1]
         levels = np.empty((settled, LEVELS), LEVEL_DTYPE)
         last, last_levels = self._last.get(iid, (-1, levels[:0]))
@@ -236,7 +235,8 @@ class _Catch:
 
     def levels(self, rows: Sequence[np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
         """Per instrument (in ``specs`` order), the levels of the records ``rows`` (the order
-        schedule's, one per bar). Settles the bars still open first."""
+        schedule's, one per bar), once the last chunk is pushed (the bars still open are settled
+        first); called once."""
         out = []
         for iid, want in zip(self._ids, rows, strict=True):
             self._settle(iid, self._open[iid], None)
