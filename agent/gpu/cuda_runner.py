@@ -168,7 +168,16 @@ class CudaRunner:
         cp = self._cp
         cfg = checkpoint.config
         stream = cp.cuda.Stream(non_blocking=True)
-        variants = {bucket: self._variant(cfg, bucket) for bucket in self.buckets}
+        variants = {
+            bucket: decide_variant(
+                cfg,
+                bucket,
+                multiprocessors=self._multiprocessors,
+                clusters=self._clusters,
+                max_shared=self._max_shared,
+            )
+            for bucket in self.buckets
+        }
         with stream:
             pack = (checkpoint.params, cfg, checkpoint.norm_mean, checkpoint.norm_std)
             clusters = {cluster_ranks(cfg, variant) for variant in variants.values() if variant.split}
@@ -186,32 +195,22 @@ class CudaRunner:
             scratch = {name: cp.zeros_like(view) for name, view in self.io.device.items()}
             scratch["slots"][...] = -1
             for bucket in {variant: bucket for bucket, variant in variants.items()}.values():
-                self._enqueue(weights, bucket, scratch)
+                self._enqueue(weights, variants[bucket], bucket, scratch)
             stream.synchronize()
             graphs = {}
             for bucket in self.buckets:
                 stream.begin_capture()  # CuPy's default mode is relaxed
                 try:
-                    self._enqueue(weights, bucket, self.io.device)
+                    self._enqueue(weights, variants[bucket], bucket, self.io.device)
                 finally:
                     graph = stream.end_capture()
                 graphs[bucket] = graph
         return _CudaModel(weights, graphs)
 
-    def _variant(self, cfg: ModelConfig, rows: int) -> Variant:
-        """The forward variant of a launch of ``rows`` rows on this device."""
-        return decide_variant(
-            cfg,
-            rows,
-            multiprocessors=self._multiprocessors,
-            clusters=self._clusters,
-            max_shared=self._max_shared,
-        )
-
-    def _enqueue(self, weights: _Weights, n: int, io: dict[str, Any]) -> None:
-        """Launch the decision kernel for rows [0, n) of ``io`` on the current stream."""
+    def _enqueue(self, weights: _Weights, variant: Variant, n: int, io: dict[str, Any]) -> None:
+        """Launch the decision kernel's ``variant`` for rows [0, n) of ``io`` on the current
+        stream."""
         cfg = weights.config
-        variant = self._variant(cfg, n)
         decide(
             weights.shares[cluster_ranks(cfg, variant)] if variant.split else weights.packed,
             cfg,
