@@ -11,9 +11,9 @@
 
 static_assert(MF_A <= 4 && MF_ATOMS <= 128 && MF_NR <= 128, "heads sized for one warp a row");
 
-// The logistic function in mf_silu's form (the hardware exp2, a correctly rounded reciprocal):
+// The logistic function in mf_silu's form (the hardware exp2 and approximate division):
 // relative error ~1e-6, inside the update's parity tolerance, at a few instructions.
-__device__ __forceinline__ float tr_sigmoid(float x) { return __frcp_rn(1.0f + __expf(-x)); }
+__device__ __forceinline__ float tr_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 __device__ __forceinline__ float tr_silu_grad(float x) {
     const float s = tr_sigmoid(x);
     return s * (1.0f + x * (1.0f - s));
