@@ -7,7 +7,8 @@ pushes its row into the slot's window and takes it through the encoder, both hea
 and Kelly. The bucket's size picks the forward's variant
 (:func:`agent.kernels.decide.decide_variant`): a window split over a cluster of four or two
 blocks by heads where the device has thread-block clusters, else one block a multiprocessor
-with the weights staged in shared memory, and the throughput variant for large buckets.
+with the weights staged in shared memory, and the throughput variant for large buckets (its
+projections on the tensor cores where the device has them).
 
 Inputs (feature rows, slots, health, positions, regime scale) and the output records live in
 pinned mapped host memory (:mod:`agent.gpu.pinned`) that the kernel reads and writes
@@ -159,8 +160,10 @@ class CudaRunner:
             cp.cuda.runtime.deviceGetAttribute(97, device.id)
         )
         self._multiprocessors = int(device.attributes["MultiProcessorCount"])
-        # Thread-block clusters need compute capability 9.0 (Hopper) or later.
+        # Thread-block clusters need compute capability 9.0 (Hopper) or later, TF32 tensor
+        # cores 8.0 (Ampere).
         self._clusters = int(device.compute_capability) >= 90
+        self._tensor_cores = int(device.compute_capability) >= 80
         self._last: npt.NDArray[np.void] | None = None
         self._open = True
 
@@ -175,6 +178,7 @@ class CudaRunner:
                 multiprocessors=self._multiprocessors,
                 clusters=self._clusters,
                 max_shared=self._max_shared,
+                tensor_cores=self._tensor_cores,
             )
             for bucket in self.buckets
         }
@@ -183,7 +187,7 @@ class CudaRunner:
             clusters = {cluster_ranks(cfg, variant) for variant in variants.values() if variant.split}
             weights = _Weights(
                 cfg,
-                cp.asarray(pack_params(*pack)),
+                cp.asarray(pack_params(*pack, tensor=any(variant.tensor for variant in variants.values()))),
                 {ranks: cp.asarray(pack_params(*pack, ranks)) for ranks in clusters},
                 c51_support(cfg, cp),
                 return_bin_centres(cfg, cp),

@@ -23,6 +23,7 @@ from agent.kernels.mamba_forward import (
     CLUSTER,
     LATENCY,
     PAIR,
+    TENSOR,
     THROUGHPUT,
     Variant,
     cluster_ranks,
@@ -59,29 +60,40 @@ def out_dtype(n_actions: int) -> np.dtype[Any]:
 
 
 def decide_variant(
-    cfg: ModelConfig, rows: int, *, multiprocessors: int, clusters: bool, max_shared: int
+    cfg: ModelConfig,
+    rows: int,
+    *,
+    multiprocessors: int,
+    clusters: bool,
+    max_shared: int,
+    tensor_cores: bool,
 ) -> Variant:
     """The forward variant for a launch of ``rows`` rows on a device of ``multiprocessors``
-    multiprocessors, with thread-block clusters or not (``clusters``) and ``max_shared`` bytes of
-    shared memory a block. Where the device has clusters and the model splits over more than one
-    rank: the cluster variant while its blocks take at most half the multiprocessors (a cluster
-    of four needs four of one GPC: the H200 held 30 such clusters at once, not 33), the pair
-    variant while its blocks take at most all of them (one wave). Else the latency variant for up
-    to two waves of one block a multiprocessor, and the throughput variant above. A staged form
-    only where its weights fit in ``max_shared``.
+    multiprocessors, with thread-block clusters or not (``clusters``), ``max_shared`` bytes of
+    shared memory a block and TF32 tensor cores or not (``tensor_cores``). Where the device has
+    clusters and the model splits over more than one rank: the cluster variant while its blocks
+    take at most half the multiprocessors (a cluster of four needs four of one GPC: the H200 held
+    30 such clusters at once, not 33), the pair variant while its blocks take at most all of them
+    (one wave). Else the latency variant while its blocks (one a multiprocessor) fill one wave
+    on a device with tensor cores, two without, and above that the throughput form: on the
+    tensor cores where the device has them. A staged form only where its weights fit in
+    ``max_shared``.
 
     Measured on the H200 (132 multiprocessors), device time of each variant side by side: 32
     rows 50.5 us on clusters of four, 34.7 on pairs; 128 rows 42.6 us latency, 70.8 pairs, 84.1
     throughput; 256 rows 80.0 latency, 88.1 throughput; 512 rows 151.3 latency, 112.4
+    throughput. With the tensor-core form (another run): 132 rows 43.0 latency, 51.8 tensor;
+    160 rows 73.9 latency, 59.0 tensor, 80.4 throughput; 4,096 rows 620.9 tensor, 735.2
     throughput."""
     forms = [(multiprocessors // 2, CLUSTER), (multiprocessors, PAIR)] if clusters else []
     for blocks, variant in forms:
         ranks = cluster_ranks(cfg, variant)
         if ranks > 1 and rows * ranks <= blocks and shared_bytes(cfg, variant) <= max_shared:
             return variant
-    if rows <= 2 * multiprocessors and shared_bytes(cfg, LATENCY) <= max_shared:
+    waves = 1 if tensor_cores else 2
+    if rows <= waves * multiprocessors and shared_bytes(cfg, LATENCY) <= max_shared:
         return LATENCY
-    return THROUGHPUT
+    return TENSOR if tensor_cores else THROUGHPUT
 
 
 def decide(

@@ -14,7 +14,10 @@
 //     weight read once from L2 a window), and every matmul picks the row tile that keeps all
 //     MF_THREADS threads busy;
 //   * throughput (MF_STAGE 0): weights read through the L1 cache with row tiles of MF_TG
-//     (more reuse per load), several blocks per multiprocessor.
+//     (more reuse per load), several blocks per multiprocessor; with MF_TC the projections over
+//     the whole window (embedding, in_proj, out_proj) run on the tensor cores instead
+//     (mf_matmul_tc: 3xTF32, float32 accuracy), their weights read from split copies packed
+//     after the buffer (OFF_TC_*, pack_params(..., tensor=True)).
 //   * cluster (MF_CL > 1): a window on a thread-block cluster of MF_CL ranks, every rank the
 //     latency form of its share of the network: MF_DI, MF_H, MF_G (1) and MF_IP are one
 //     rank's (its MF_H heads, its group's B and C; packed as a model of that width, one share
@@ -50,6 +53,12 @@
 #ifndef MF_ADAPT
 #define MF_ADAPT 0
 #endif
+#ifndef MF_TC
+#define MF_TC 0  // projections over the window on the tensor cores (throughput form only)
+#endif
+// Row stride of the pre-norm buffer: in the tensor-core form D + 8 where D is a multiple of 16,
+// so that the four rows of a half-warp's fragment loads fall in distinct banks.
+#define MF_LDU (MF_TC && MF_D % 16 == 0 ? MF_D + 8 : MF_D)
 #ifndef MF_FILL
 #define MF_FILL 1  // see mf_tile
 #endif
@@ -76,8 +85,8 @@
 #define MF_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define MF_ZXW MF_MAX(MF_IP, MF_F)
 #define SM_HS 0                                         // residual stream (K, D)
-#define SM_US (SM_HS + MF_R4(MF_K * MF_D))              // block input after the pre-norm (K, D)
-#define SM_ZX (SM_US + MF_R4(MF_K * MF_D))              // in_proj output (K, IP); first the window
+#define SM_US (SM_HS + MF_R4(MF_K * MF_D))              // block input after the pre-norm (K, D), rows MF_LDU apart
+#define SM_ZX (SM_US + MF_R4(MF_K * MF_LDU))            // in_proj output (K, IP); first the window
 #define SM_LOGITS (SM_ZX + MF_R4(MF_K * MF_ZXW))        // q logits (NQ) then return logits (NR)
 #define SM_PROBS (SM_LOGITS + MF_R4(MF_NQ) + MF_R4(MF_NR))  // their probabilities, same layout
 #define SM_WIN (SM_PROBS + MF_R4(MF_NQ) + MF_R4(MF_NR))    // staged in_proj weights (D, IP)
@@ -101,6 +110,12 @@ static_assert(MF_STAGE && MF_G == 1 && MF_D % 4 == 0,
 #define MF_CLUSTER_DIMS __cluster_dims__(MF_CL, 1, 1)
 #else
 #define MF_CLUSTER_DIMS
+#endif
+static_assert(!MF_TC || (!MF_STAGE && MF_CL == 1), "the tensor-core form is the throughput form's");
+#if MF_TC
+#define MF_W2(off) (P + (off))  // a split weight copy of the tensor-core form
+#else
+#define MF_W2(off) nullptr
 #endif
 
 // SiLU with the hardware exp2 and the approximate division (MUFU.EX2 and MUFU.RCP, five
@@ -271,6 +286,130 @@ __device__ __forceinline__ void mf_matmul(const float* in, int ldi, int kdim, co
     }
 }
 
+// x with its low 13 mantissa bits cleared: a TF32 value (exact as float32).
+__device__ __forceinline__ float mf_tf32(float x) { return __uint_as_float(__float_as_uint(x) & 0xffffe000u); }
+
+// d += A B on the tensor cores for one warp: A 16 x 8 and B 8 x 8 TF32, d 16 x 8 float32, in
+// the fragments of mma.m16n8k8 (lane l, g = l / 4, q = l % 4: a = A[g][q], A[g + 8][q],
+// A[g][q + 4], A[g + 8][q + 4]; b = B[q][g], B[q + 4][g]; d = D[g][2q], D[g][2q + 1],
+// D[g + 8][2q], D[g + 8][2q + 1]).
+__device__ __forceinline__ void mf_mma(float (&d)[4], const float (&a)[4], float b0, float b1) {
+#ifdef __CUDA_ARCH__
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+          "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+#else
+    emu::mma_m16n8k8_tf32(d, a, b0, b1);
+#endif
+}
+
+// mf_matmul on the tensor cores, a warp a tile of 32 rows x 16 columns (two by two
+// fragments), in 3xTF32: each operand x = hi + lo (hi = tf32(x), lo = tf32(x - hi)) and
+// a b ~ a_lo b_hi + a_hi b_lo + a_hi b_hi, the float32 result to ~1e-6 of the operands' scale.
+// k runs in pairs: over eight k a lane holds k = 2p and 2p + 1 (p = k0 / 2 + q) as fragment
+// columns q and q + 4 of A and rows q and q + 4 of B (any order of k gives the same product),
+// so that it reads each row of `in` as one float2 (V2: ldi even) and W's split copy as one float4:
+// W2[p * nout + j] = (hi W[2p][j], hi W[2p + 1][j], lo W[2p][j], lo W[2p + 1][j]), zero past kdim
+// (pack_params, tensor=True). Rows past nt repeat the last row and are not stored.
+template <bool V2>
+__device__ __forceinline__ void mf_matmul_tc_tile(const float* in, int ldi, int kdim, const float4* __restrict__ W2,
+                                                  int nout, const float* __restrict__ bias, float* out, int ldo,
+                                                  int j0, int j1, int t0, int nt, bool accumulate) {
+    constexpr int MT = 2, NT = 2;  // 16-row and 8-column fragments a warp tile
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int ncol = (j1 - j0 + 8 * NT - 1) / (8 * NT);
+    const int tiles = (nt + 16 * MT - 1) / (16 * MT) * ncol;
+    const int pairs = (kdim + 1) / 2;
+    for (int tile = threadIdx.x >> 5; tile < tiles; tile += MF_WARPS) {
+        const int tb = t0 + tile / ncol * 16 * MT, jb = j0 + tile % ncol * 8 * NT;
+        int rows[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rows[m][h] = min(tb + 16 * m + 8 * h + g, t0 + nt - 1) * ldi;
+        }
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
+            }
+        }
+#pragma unroll 2  // two steps' loads in flight: 4,096 rows 638 -> 621 us, 132 rows 58 -> 52 us (H200)
+        for (int k0 = 0; k0 < kdim; k0 += 8) {
+            const int p = k0 / 2 + q, k = 2 * p;
+            float ah[MT][4], al[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float x0, x1;
+                    if (V2 && k + 1 < kdim) {
+                        const float2 v = *reinterpret_cast<const float2*>(in + rows[m][h] + k);
+                        x0 = v.x;
+                        x1 = v.y;
+                    } else {
+                        x0 = k < kdim ? in[rows[m][h] + k] : 0.0f;
+                        x1 = k + 1 < kdim ? in[rows[m][h] + k + 1] : 0.0f;
+                    }
+                    ah[m][h] = mf_tf32(x0);
+                    al[m][h] = mf_tf32(x0 - ah[m][h]);
+                    ah[m][h + 2] = mf_tf32(x1);
+                    al[m][h + 2] = mf_tf32(x1 - ah[m][h + 2]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const int j = jb + 8 * n + g;
+                const float4 w = j < j1 && p < pairs ? __ldg(W2 + (size_t)p * nout + j) : make_float4(0, 0, 0, 0);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    mf_mma(acc[m][n], al[m], w.x, w.y);
+                    mf_mma(acc[m][n], ah[m], w.z, w.w);
+                    mf_mma(acc[m][n], ah[m], w.x, w.y);
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int t = tb + 16 * m + 8 * (r >> 1) + g, j = jb + 8 * n + 2 * q + (r & 1);
+                    if (t < t0 + nt && j < j1) {
+                        float* o = out + t * ldo + j;
+                        const float b0 = bias != nullptr ? __ldg(bias + j) : 0.0f;
+                        *o = (accumulate ? *o : 0.0f) + b0 + acc[m][n][r];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// A projection over rows [t0, t0 + nt) of the window: on the tensor cores in the tensor-core
+// form (W2 the split copy of W), else mf_matmul<TG> (Wt).
+template <int TG>
+__device__ __forceinline__ void mf_project(const float* in, int ldi, int kdim, const float* Wt, const float* W2,
+                                           int nout, const float* __restrict__ bias, float* out, int ldo, int j0,
+                                           int j1, int t0, int nt, bool accumulate) {
+    if constexpr (MF_TC) {
+        const float4* w2 = reinterpret_cast<const float4*>(W2);
+        if ((ldi & 1) == 0 && (reinterpret_cast<size_t>(in) & 7) == 0) {
+            mf_matmul_tc_tile<true>(in, ldi, kdim, w2, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
+        } else {
+            mf_matmul_tc_tile<false>(in, ldi, kdim, w2, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
+        }
+    } else {
+        mf_matmul<TG>(in, ldi, kdim, Wt, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
+    }
+}
+
 // Layer `layer`'s small parameter BLK_* `off` (norm, conv, dt bias, A, D, gnorm weights; blk is
 // the layer's packed block): the staged copy in shared memory (latency variant), else global.
 __device__ __forceinline__ const float* mf_small(const float* sm, const float* blk, int layer, int off) {
@@ -419,10 +558,10 @@ __device__ __forceinline__ void mf_conv(const float* in, const float* w, const f
     }
 }
 
-// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K); one warp a row,
+// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K) (out rows ldo apart); one warp a row,
 // a warp's rows side by side (their loads and shuffle reductions independent, not one row's
 // after another's); w from mf_small (or the final norm's, staged alike).
-__device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, const float* __restrict__ w,
+__device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, int ldo, const float* __restrict__ w,
                                                 int t0) {
     constexpr int ROWS = (MF_K + MF_WARPS - 1) / MF_WARPS;  // a warp's rows at most
     constexpr int PER = (MF_D + 31) / 32;
@@ -449,7 +588,7 @@ __device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, con
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
             const int k = lane + 32 * i;
-            if (k < MF_D) out[t * MF_D + k] = x[r][i] * inv * mf_ld(w + k);
+            if (k < MF_D) out[t * ldo + k] = x[r][i] * inv * mf_ld(w + k);
         }
     }
 }
@@ -484,8 +623,8 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
         __syncthreads();
     }
     const float* w_emb = MF_STAGE ? sm + SM_WOUT : P + OFF_EMB_WT;
-    mf_matmul<mf_tile(MF_D, MF_K)>(zx, MF_F, MF_F, w_emb, MF_D, P + OFF_EMB_B, hs, MF_D, 0, MF_D, 0, MF_K,
-                                   false);
+    mf_project<mf_tile(MF_D, MF_K)>(zx, MF_F, MF_F, w_emb, MF_W2(OFF_TC_EMB), MF_D, P + OFF_EMB_B, hs, MF_D, 0,
+                                    MF_D, 0, MF_K, false);
     __syncthreads();
     if (MF_STAGE) mf_stage(sm + SM_WOUT, P + OFF_BLOCKS + BLK_WOUT_T, MF_DI * MF_D);
 
@@ -496,17 +635,18 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
         const float* w_in = MF_STAGE ? sm + SM_WIN : blk + BLK_WIN_T;
         const float* w_out = MF_STAGE ? sm + SM_WOUT : blk + BLK_WOUT_T;
 
-        mf_rmsnorm_rows(hs, us, mf_small(sm, blk, layer, BLK_NORM), 0);
+        mf_rmsnorm_rows(hs, us, MF_LDU, mf_small(sm, blk, layer, BLK_NORM), 0);
         __syncthreads();
         // in_proj: x, B, C, dt for every step; z only where the output is needed.
         constexpr int xbcdt = MF_IP - MF_DI;
+        const float* w2_in = MF_W2(OFF_TC_BLOCKS + (size_t)layer * TC_STRIDE + TC_WIN);
         if (last) {
-            mf_matmul<mf_tile(xbcdt, MF_K)>(us, MF_D, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP, 0,
-                                            MF_K, false);
-            mf_matmul<1>(us, MF_D, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, t_out, 1, false);
+            mf_project<mf_tile(xbcdt, MF_K)>(us, MF_LDU, MF_D, w_in, w2_in, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP,
+                                             0, MF_K, false);
+            mf_matmul<1>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, t_out, 1, false);
         } else {
-            mf_matmul<mf_tile(MF_IP, MF_K)>(us, MF_D, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0, MF_K,
-                                            false);
+            mf_project<mf_tile(MF_IP, MF_K)>(us, MF_LDU, MF_D, w_in, w2_in, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0,
+                                             MF_K, false);
         }
         __syncthreads();
         if (MF_STAGE) {  // the next block's in_proj, or the heads after the last block
@@ -605,8 +745,9 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
             mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D, t_out, 1,
                          MF_CL == 1);
         } else {
-            mf_matmul<mf_tile(MF_D, MF_K)>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D,
-                                           0, MF_K, MF_CL == 1);
+            mf_project<mf_tile(MF_D, MF_K)>(zx + MF_DI, MF_IP, MF_DI, w_out,
+                                            MF_W2(OFF_TC_BLOCKS + (size_t)layer * TC_STRIDE + TC_WOUT), MF_D,
+                                            nullptr, prod, MF_D, 0, MF_D, 0, MF_K, MF_CL == 1);
         }
 #if MF_CL > 1
         {
@@ -663,9 +804,9 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
     }
 
     // Final RMSNorm of the last step, then both heads.
-    mf_rmsnorm_rows(hs, us, MF_STAGE ? sm + SM_SMALL + MF_L * SM_SMALL_L : P + OFF_FINAL_NORM, MF_K - 1);
+    mf_rmsnorm_rows(hs, us, MF_LDU, MF_STAGE ? sm + SM_SMALL + MF_L * SM_SMALL_L : P + OFF_FINAL_NORM, MF_K - 1);
     __syncthreads();
-    const float* feat = us + (MF_K - 1) * MF_D;
+    const float* feat = us + (MF_K - 1) * MF_LDU;
     const float* wq = MF_STAGE ? sm + SM_WHEAD : P + OFF_Q_WT;
     const float* wr = MF_STAGE ? sm + SM_WHEAD + MF_R4(MF_D * MF_NQ) : P + OFF_R_WT;
     for (int j = threadIdx.x; j < MF_NQ + MF_NR; j += MF_THREADS) {

@@ -172,7 +172,14 @@ def test_fused_forward_matches_model_forward(cp: ModuleType, cfg: ModelConfig, v
     slots = rng.permutation(slots_n)[:rows].astype(np.int32)
     slots[-3:] = -1
     packed = cp.asarray(
-        pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, cluster_ranks(cfg, VARIANTS[variant]))
+        pack_params(
+            ck.params,
+            cfg,
+            ck.norm_mean,
+            ck.norm_std,
+            cluster_ranks(cfg, VARIANTS[variant]),
+            tensor=VARIANTS[variant].tensor,
+        )
     )
     n_q = cfg.n_actions * cfg.n_atoms
     q, r = mamba_forward(
@@ -208,7 +215,14 @@ def test_decide_matches_the_reference_chain(
     dev_window, dev_bars, dev_steps = (cp.asarray(a) for a in (inputs.window, inputs.bars, inputs.steps))
     decide(
         cp.asarray(
-            pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, cluster_ranks(cfg, VARIANTS[variant]))
+            pack_params(
+                ck.params,
+                cfg,
+                ck.norm_mean,
+                ck.norm_std,
+                cluster_ranks(cfg, VARIANTS[variant]),
+                tensor=VARIANTS[variant].tensor,
+            )
         ),
         cfg,
         VARIANTS[variant],

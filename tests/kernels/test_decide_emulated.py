@@ -15,6 +15,7 @@ from agent.kernels.mamba_forward import (
     CLUSTER,
     LATENCY,
     PAIR,
+    TENSOR,
     THROUGHPUT,
     VARIANTS,
     Variant,
@@ -37,8 +38,18 @@ from tests.support.decide_chain import DecideInputs, check_decision, decide_poli
         (ModelConfig(n_features=32), "pair", "greedy"),
         (SMALL, "latency", "thompson"),
         (SMALL, "throughput", "greedy"),
+        (ModelConfig(n_features=32), "tensor", "thompson"),
+        (SMALL, "tensor", "greedy"),
     ],
-    ids=["cluster-default", "cluster-small", "pair-default", "latency-small", "throughput-small"],
+    ids=[
+        "cluster-default",
+        "cluster-small",
+        "pair-default",
+        "latency-small",
+        "throughput-small",
+        "tensor-default",
+        "tensor-small",
+    ],
 )
 def test_decide_matches_the_reference_chain(
     emu: ModuleType, cfg: ModelConfig, variant: str, selection: Literal["thompson", "greedy"]
@@ -54,7 +65,7 @@ def test_decide_matches_the_reference_chain(
         "decide_kernel"
     )
     decide(
-        pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, ranks),
+        pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, ranks, tensor=form.tensor),
         cfg,
         form,
         support=c51_support(cfg),
@@ -82,8 +93,12 @@ def test_the_variant_follows_the_rows_the_shape_and_the_device() -> None:
     cfg, small = ModelConfig(n_features=32), SMALL
     big = 1 << 20  # shared memory enough for every variant
 
-    def variant(model: ModelConfig, rows: int, clusters: bool = True, shared: int = big) -> Variant:
-        return decide_variant(model, rows, multiprocessors=132, clusters=clusters, max_shared=shared)
+    def variant(
+        model: ModelConfig, rows: int, clusters: bool = True, shared: int = big, tensor_cores: bool = True
+    ) -> Variant:
+        return decide_variant(
+            model, rows, multiprocessors=132, clusters=clusters, max_shared=shared, tensor_cores=tensor_cores
+        )
 
     assert cluster_ranks(cfg, CLUSTER) == 4 and cluster_ranks(cfg, PAIR) == 2  # 8 heads, one group
     assert variant(cfg, 1) is CLUSTER
@@ -91,13 +106,16 @@ def test_the_variant_follows_the_rows_the_shape_and_the_device() -> None:
     assert variant(cfg, 17) is PAIR
     assert variant(cfg, 66) is PAIR  # 132 blocks: one wave
     assert variant(cfg, 67) is LATENCY
-    assert variant(cfg, 264) is LATENCY  # two waves of one block a multiprocessor
-    assert variant(cfg, 265) is THROUGHPUT
+    assert variant(cfg, 132) is LATENCY  # one wave of one block a multiprocessor
+    assert variant(cfg, 133) is TENSOR
+    assert variant(cfg, 264, tensor_cores=False) is LATENCY  # without TF32 tensor cores: two waves
+    assert variant(cfg, 265, tensor_cores=False) is THROUGHPUT
     assert variant(cfg, 1, clusters=False) is LATENCY  # no clusters on the device
     assert variant(cfg, 64, clusters=False) is LATENCY
     # Where the pair's staged share does not fit but the cluster's does: the next form that fits.
-    assert variant(cfg, 17, shared=shared_bytes(cfg, CLUSTER)) is THROUGHPUT
-    assert variant(cfg, 1, shared=100 * 1024) is THROUGHPUT  # no staged form fits
+    assert variant(cfg, 17, shared=shared_bytes(cfg, CLUSTER)) is TENSOR
+    assert variant(cfg, 1, shared=100 * 1024) is TENSOR  # no staged form fits
+    assert variant(cfg, 1, shared=100 * 1024, tensor_cores=False) is THROUGHPUT
     single = ModelConfig(n_features=32, expand=1, headdim=64)  # one head: nothing to split
     assert cluster_ranks(single, CLUSTER) == 1
     assert variant(single, 1) is LATENCY

@@ -63,6 +63,8 @@ struct Block {
     std::vector<unsigned char> shared;
     // Collective exchange: one 8-byte slot a thread, reused by every collective.
     std::vector<uint64_t> slot;
+    // mma_m16n8k8_tf32's exchange: a thread's six fragment registers.
+    std::vector<float> mma;
     dim3 block_dim, grid_dim, block_idx;
     int rank = 0;  // in the cluster
     std::vector<Block>* cluster = nullptr;
@@ -172,6 +174,7 @@ inline void run_grid(dim3 grid, dim3 blk, size_t shared_bytes, unsigned int clus
         b.cluster = &blocks;
         b.fibers.resize(n);
         b.slot.assign(n, 0);
+        b.mma.assign(6 * (size_t)n, 0.0f);
     }
     for (unsigned int bz = 0; bz < grid.z; ++bz) {
         for (unsigned int by = 0; by < grid.y; ++by) {
@@ -259,6 +262,34 @@ inline T warp_exchange(T v, int src_lane) {
     return out;
 }
 
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 for the calling warp: d += A B with the
+// PTX fragment layout (lane l, g = l / 4, q = l % 4: a = A[g][q], A[g + 8][q], A[g][q + 4],
+// A[g + 8][q + 4]; b = B[q][g], B[q + 4][g]; d = D[g][2q], D[g][2q + 1], D[g + 8][2q],
+// D[g + 8][2q + 1]). Operands are used as given (the kernels pass TF32 values: float32 with the
+// low 13 mantissa bits clear, whose products float32 holds exactly).
+inline void mma_m16n8k8_tf32(float (&d)[4], const float (&a)[4], float b0, float b1) {
+    Block* b = block();
+    const int me = self().linear, lane = me & 31, base = me - lane;
+    float* mine = &b->mma[6 * (size_t)me];
+    for (int i = 0; i < 4; ++i) mine[i] = a[i];
+    mine[4] = b0;
+    mine[5] = b1;
+    yield(Wait::kWarp);
+    const int g = lane >> 2, q = lane & 3;
+    const float* regs = &b->mma[6 * (size_t)base];
+    for (int r = 0; r < 4; ++r) {
+        const int row = g + 8 * (r >> 1), col = 2 * q + (r & 1);
+        float sum = 0.0f;
+        for (int k = 0; k < 8; ++k) {
+            const float av = regs[6 * ((row % 8) * 4 + k % 4) + (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)];
+            const float bv = regs[6 * (col * 4 + k % 4) + 4 + (k >= 4 ? 1 : 0)];
+            sum += av * bv;
+        }
+        d[r] += sum;
+    }
+    yield(Wait::kWarp);
+}
+
 }  // namespace emu
 
 #define threadIdx (emu::self().idx)
@@ -307,6 +338,8 @@ inline unsigned int __umulhi(unsigned int a, unsigned int b) {
     return (unsigned int)(((unsigned long long)a * b) >> 32);
 }
 inline float __int_as_float(int i) { return emu::from_bits<float>((uint64_t)(uint32_t)i); }
+inline float __uint_as_float(unsigned int i) { return emu::from_bits<float>((uint64_t)i); }
+inline unsigned int __float_as_uint(float x) { return (unsigned int)emu::to_bits(x); }
 inline double __longlong_as_double(long long i) { return emu::from_bits<double>((uint64_t)i); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
