@@ -15,6 +15,7 @@ import pytest
 
 from agent.gpu.backend import cuda_probe
 from agent.gpu.engine import SPREAD_FEATURE
+from agent.kernels.mamba_forward import Variant, cluster_ranks, pack_params
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.config import ModelConfig
 from agent.model.params import init_params
@@ -62,3 +63,12 @@ def make_checkpoint(cfg: ModelConfig = SMALL, seed: int = 0, *, scale: float = 1
         metadata={"seed": seed},
     )
     return checkpoint_from_bytes(data)
+
+
+def packed_for(ck: Checkpoint, variant: Variant) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """The checkpoint's packed buffer as ``variant`` reads it (its cluster ranks' shares, the
+    tensor-core form's split weights)."""
+    cfg = ck.config
+    return pack_params(
+        ck.params, cfg, ck.norm_mean, ck.norm_std, cluster_ranks(cfg, variant), tensor=variant.tensor
+    )

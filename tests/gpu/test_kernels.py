@@ -18,14 +18,14 @@ import pytest
 
 from agent.kernels.decide import decide, out_dtype
 from agent.kernels.kelly import kelly_size, kelly_size_ref
-from agent.kernels.mamba_forward import VARIANTS, cluster_ranks, mamba_forward, mamba_forward_ref, pack_params
+from agent.kernels.mamba_forward import VARIANTS, mamba_forward, mamba_forward_ref
 from agent.kernels.philox import philox4x32, philox4x32_ref
 from agent.kernels.softmax_ev import softmax_ev, softmax_ev_ref
 from agent.kernels.thompson import thompson, thompson_ref
 from agent.model.config import ModelConfig
 from agent.model.heads import c51_support, return_bin_centres
 from agent.policy.config import PolicyConfig
-from tests.gpu.conftest import SMALL, make_checkpoint
+from tests.gpu.conftest import SMALL, make_checkpoint, packed_for
 from tests.support.decide_chain import DecideInputs, check_decision, decide_policy
 
 pytestmark = pytest.mark.gpu
@@ -171,16 +171,7 @@ def test_fused_forward_matches_model_forward(cp: ModuleType, cfg: ModelConfig, v
     window = (rng.normal(size=(slots_n, cfg.window, cfg.n_features)) * 2).astype(np.float32)
     slots = rng.permutation(slots_n)[:rows].astype(np.int32)
     slots[-3:] = -1
-    packed = cp.asarray(
-        pack_params(
-            ck.params,
-            cfg,
-            ck.norm_mean,
-            ck.norm_std,
-            cluster_ranks(cfg, VARIANTS[variant]),
-            tensor=VARIANTS[variant].tensor,
-        )
-    )
+    packed = cp.asarray(packed_for(ck, VARIANTS[variant]))
     n_q = cfg.n_actions * cfg.n_atoms
     q, r = mamba_forward(
         packed,
@@ -214,16 +205,7 @@ def test_decide_matches_the_reference_chain(
     out = cp.full((inputs.slots.size, out_dtype(cfg.n_actions).itemsize), 255, dtype=cp.uint8)  # poisoned
     dev_window, dev_bars, dev_steps = (cp.asarray(a) for a in (inputs.window, inputs.bars, inputs.steps))
     decide(
-        cp.asarray(
-            pack_params(
-                ck.params,
-                cfg,
-                ck.norm_mean,
-                ck.norm_std,
-                cluster_ranks(cfg, VARIANTS[variant]),
-                tensor=VARIANTS[variant].tensor,
-            )
-        ),
+        cp.asarray(packed_for(ck, VARIANTS[variant])),
         cfg,
         VARIANTS[variant],
         support=c51_support(cfg, cp),

@@ -21,12 +21,11 @@ from agent.kernels.mamba_forward import (
     Variant,
     cluster_ranks,
     forward_layout,
-    pack_params,
     shared_bytes,
 )
 from agent.model.config import ModelConfig
 from agent.model.heads import c51_support, return_bin_centres
-from tests.gpu.conftest import SMALL, make_checkpoint
+from tests.gpu.conftest import SMALL, make_checkpoint, packed_for
 from tests.support.decide_chain import DecideInputs, check_decision, decide_policy
 
 
@@ -65,7 +64,7 @@ def test_decide_matches_the_reference_chain(
         "decide_kernel"
     )
     decide(
-        pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, ranks, tensor=form.tensor),
+        packed_for(ck, form),
         cfg,
         form,
         support=c51_support(cfg),

@@ -17,11 +17,10 @@ from agent.kernels.mamba_forward import (
     cluster_ranks,
     forward_layout,
     mamba_forward_ref,
-    pack_params,
     shared_bytes,
 )
 from agent.model.config import ModelConfig
-from tests.gpu.conftest import SMALL, make_checkpoint
+from tests.gpu.conftest import SMALL, make_checkpoint, packed_for
 
 
 @pytest.mark.parametrize(
@@ -44,7 +43,7 @@ def test_fused_forward_matches_the_model(emu: ModuleType, cfg: ModelConfig, vari
     )
     q = np.full((rows, cfg.n_actions * cfg.n_atoms), np.nan, np.float32)
     r = np.full((rows, cfg.return_bins), np.nan, np.float32)
-    packed = pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, ranks, tensor=form.tensor)
+    packed = packed_for(ck, form)
     fn((rows * ranks,), (form.threads,), (packed, window, slots, q, r), shared_mem=shared_bytes(cfg, form))
     q_ref, r_ref = mamba_forward_ref(
         ck.params, cfg, window, slots[:-1], feature_mean=ck.norm_mean, feature_std=ck.norm_std
