@@ -187,7 +187,7 @@ class CudaRunner:
             clusters = {cluster_ranks(cfg, variant) for variant in variants.values() if variant.split}
             weights = _Weights(
                 cfg,
-                cp.asarray(pack_params(*pack, tensor=any(variant.tensor for variant in variants.values()))),
+                cp.asarray(pack_params(*pack)),
                 {ranks: cp.asarray(pack_params(*pack, ranks)) for ranks in clusters},
                 c51_support(cfg, cp),
                 return_bin_centres(cfg, cp),

@@ -16,8 +16,7 @@
 //   * throughput (MF_STAGE 0): weights read through the L1 cache with row tiles of MF_TG
 //     (more reuse per load), several blocks per multiprocessor; with MF_TC the projections over
 //     the whole window (embedding, in_proj, out_proj) run on the tensor cores instead
-//     (mf_matmul_tc: 3xTF32, float32 accuracy), their weights read from split copies packed
-//     after the buffer (OFF_TC_*, pack_params(..., tensor=True)).
+//     (mf_matmul_tc_tile: 3xTF32, float32 accuracy).
 //   * cluster (MF_CL > 1): a window on a thread-block cluster of MF_CL ranks, every rank the
 //     latency form of its share of the network: MF_DI, MF_H, MF_G (1) and MF_IP are one
 //     rank's (its MF_H heads, its group's B and C; packed as a model of that width, one share
@@ -112,11 +111,6 @@ static_assert(MF_STAGE && MF_G == 1 && MF_D % 4 == 0,
 #define MF_CLUSTER_DIMS
 #endif
 static_assert(!MF_TC || (!MF_STAGE && MF_CL == 1), "the tensor-core form is the throughput form's");
-#if MF_TC
-#define MF_W2(off) (P + (off))  // a split weight copy of the tensor-core form
-#else
-#define MF_W2(off) nullptr
-#endif
 
 // SiLU with the hardware exp2 and the approximate division (MUFU.EX2 and MUFU.RCP, five
 // instructions; the correctly rounded reciprocal __frcp_rn compiled to ~15 with a slow-path
@@ -308,20 +302,20 @@ __device__ __forceinline__ void mf_mma(float (&d)[4], const float (&a)[4], float
 // mf_matmul on the tensor cores, a warp a tile of 32 rows x 16 columns (two by two
 // fragments), in 3xTF32: each operand x = hi + lo (hi = tf32(x), lo = tf32(x - hi)) and
 // a b ~ a_lo b_hi + a_hi b_lo + a_hi b_hi, the float32 result to ~1e-6 of the operands' scale.
-// k runs in pairs: over eight k a lane holds k = 2p and 2p + 1 (p = k0 / 2 + q) as fragment
-// columns q and q + 4 of A and rows q and q + 4 of B (any order of k gives the same product),
-// so that it reads each row of `in` as one float2 (V2: ldi even) and W's split copy as one float4:
-// W2[p * nout + j] = (hi W[2p][j], hi W[2p + 1][j], lo W[2p][j], lo W[2p + 1][j]), zero past kdim
-// (pack_params, tensor=True). Rows past nt repeat the last row and are not stored.
+// k runs in pairs: over eight k a lane holds k = k0 + 2q and k0 + 2q + 1 as fragment columns q
+// and q + 4 of A and rows q and q + 4 of B (any order of k gives the same product), so that it
+// reads a row of `in` as one float2 (V2: ldi even). The weights are split as they are read
+// (from Wt through L1; split copies packed beside the buffer ran 619 against 573 us at 4,096
+// rows: twice the bytes, a third of them found in L1). Rows past nt repeat the last row and are
+// not stored.
 template <bool V2>
-__device__ __forceinline__ void mf_matmul_tc_tile(const float* in, int ldi, int kdim, const float4* __restrict__ W2,
+__device__ __forceinline__ void mf_matmul_tc_tile(const float* in, int ldi, int kdim, const float* __restrict__ Wt,
                                                   int nout, const float* __restrict__ bias, float* out, int ldo,
                                                   int j0, int j1, int t0, int nt, bool accumulate) {
     constexpr int MT = 2, NT = 2;  // 16-row and 8-column fragments a warp tile
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int ncol = (j1 - j0 + 8 * NT - 1) / (8 * NT);
     const int tiles = (nt + 16 * MT - 1) / (16 * MT) * ncol;
-    const int pairs = (kdim + 1) / 2;
     for (int tile = threadIdx.x >> 5; tile < tiles; tile += MF_WARPS) {
         const int tb = t0 + tile / ncol * 16 * MT, jb = j0 + tile % ncol * 8 * NT;
         int rows[MT][2];
@@ -341,7 +335,7 @@ __device__ __forceinline__ void mf_matmul_tc_tile(const float* in, int ldi, int 
         }
 #pragma unroll 2  // two steps' loads in flight: 4,096 rows 638 -> 621 us, 132 rows 58 -> 52 us (H200)
         for (int k0 = 0; k0 < kdim; k0 += 8) {
-            const int p = k0 / 2 + q, k = 2 * p;
+            const int k = k0 + 2 * q;
             float ah[MT][4], al[MT][4];
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
@@ -365,12 +359,15 @@ __device__ __forceinline__ void mf_matmul_tc_tile(const float* in, int ldi, int 
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
                 const int j = jb + 8 * n + g;
-                const float4 w = j < j1 && p < pairs ? __ldg(W2 + (size_t)p * nout + j) : make_float4(0, 0, 0, 0);
+                const float w0 = j < j1 && k < kdim ? __ldg(Wt + (size_t)k * nout + j) : 0.0f;
+                const float w1 = j < j1 && k + 1 < kdim ? __ldg(Wt + (size_t)(k + 1) * nout + j) : 0.0f;
+                const float h0 = mf_tf32(w0), h1 = mf_tf32(w1);
+                const float l0 = mf_tf32(w0 - h0), l1 = mf_tf32(w1 - h1);
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
-                    mf_mma(acc[m][n], al[m], w.x, w.y);
-                    mf_mma(acc[m][n], ah[m], w.z, w.w);
-                    mf_mma(acc[m][n], ah[m], w.x, w.y);
+                    mf_mma(acc[m][n], al[m], h0, h1);
+                    mf_mma(acc[m][n], ah[m], l0, l1);
+                    mf_mma(acc[m][n], ah[m], h0, h1);
                 }
             }
         }
@@ -393,17 +390,16 @@ __device__ __forceinline__ void mf_matmul_tc_tile(const float* in, int ldi, int 
 }
 
 // A projection over rows [t0, t0 + nt) of the window: on the tensor cores in the tensor-core
-// form (W2 the split copy of W), else mf_matmul<TG> (Wt).
+// form, else mf_matmul<TG>.
 template <int TG>
-__device__ __forceinline__ void mf_project(const float* in, int ldi, int kdim, const float* Wt, const float* W2,
-                                           int nout, const float* __restrict__ bias, float* out, int ldo, int j0,
-                                           int j1, int t0, int nt, bool accumulate) {
+__device__ __forceinline__ void mf_project(const float* in, int ldi, int kdim, const float* Wt, int nout,
+                                           const float* __restrict__ bias, float* out, int ldo, int j0, int j1,
+                                           int t0, int nt, bool accumulate) {
     if constexpr (MF_TC) {
-        const float4* w2 = reinterpret_cast<const float4*>(W2);
         if ((ldi & 1) == 0 && (reinterpret_cast<size_t>(in) & 7) == 0) {
-            mf_matmul_tc_tile<true>(in, ldi, kdim, w2, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
+            mf_matmul_tc_tile<true>(in, ldi, kdim, Wt, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
         } else {
-            mf_matmul_tc_tile<false>(in, ldi, kdim, w2, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
+            mf_matmul_tc_tile<false>(in, ldi, kdim, Wt, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
         }
     } else {
         mf_matmul<TG>(in, ldi, kdim, Wt, nout, bias, out, ldo, j0, j1, t0, nt, accumulate);
@@ -623,8 +619,8 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
         __syncthreads();
     }
     const float* w_emb = MF_STAGE ? sm + SM_WOUT : P + OFF_EMB_WT;
-    mf_project<mf_tile(MF_D, MF_K)>(zx, MF_F, MF_F, w_emb, MF_W2(OFF_TC_EMB), MF_D, P + OFF_EMB_B, hs, MF_D, 0,
-                                    MF_D, 0, MF_K, false);
+    mf_project<mf_tile(MF_D, MF_K)>(zx, MF_F, MF_F, w_emb, MF_D, P + OFF_EMB_B, hs, MF_D, 0, MF_D, 0, MF_K,
+                                    false);
     __syncthreads();
     if (MF_STAGE) mf_stage(sm + SM_WOUT, P + OFF_BLOCKS + BLK_WOUT_T, MF_DI * MF_D);
 
@@ -639,14 +635,13 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
         __syncthreads();
         // in_proj: x, B, C, dt for every step; z only where the output is needed.
         constexpr int xbcdt = MF_IP - MF_DI;
-        const float* w2_in = MF_W2(OFF_TC_BLOCKS + (size_t)layer * TC_STRIDE + TC_WIN);
         if (last) {
-            mf_project<mf_tile(xbcdt, MF_K)>(us, MF_LDU, MF_D, w_in, w2_in, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP,
-                                             0, MF_K, false);
+            mf_project<mf_tile(xbcdt, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP, 0,
+                                             MF_K, false);
             mf_matmul<1>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, t_out, 1, false);
         } else {
-            mf_project<mf_tile(MF_IP, MF_K)>(us, MF_LDU, MF_D, w_in, w2_in, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0,
-                                             MF_K, false);
+            mf_project<mf_tile(MF_IP, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0, MF_K,
+                                             false);
         }
         __syncthreads();
         if (MF_STAGE) {  // the next block's in_proj, or the heads after the last block
@@ -745,9 +740,8 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
             mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D, t_out, 1,
                          MF_CL == 1);
         } else {
-            mf_project<mf_tile(MF_D, MF_K)>(zx + MF_DI, MF_IP, MF_DI, w_out,
-                                            MF_W2(OFF_TC_BLOCKS + (size_t)layer * TC_STRIDE + TC_WOUT), MF_D,
-                                            nullptr, prod, MF_D, 0, MF_D, 0, MF_K, MF_CL == 1);
+            mf_project<mf_tile(MF_D, MF_K)>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D, 0,
+                                            MF_K, MF_CL == 1);
         }
 #if MF_CL > 1
         {

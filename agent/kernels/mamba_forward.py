@@ -72,7 +72,7 @@ class Variant:
     the compiler caps each thread's registers to fit that many); 0 leaves it to the compiler."""
     tensor: bool = False
     """The projections over the window run on the tensor cores (3xTF32; devices of compute
-    capability 8.0 and above), reading the split weights of ``pack_params(..., tensor=True)``."""
+    capability 8.0 and above)."""
 
     def options(self) -> tuple[str, ...]:
         return (
@@ -100,7 +100,8 @@ THROUGHPUT = Variant("throughput", 256, 4, staged=False, blocks=4)
 memory allows; registers capped at 64 a thread) to hide the scan's and the loads' latency."""
 TENSOR = Variant("tensor", 256, 4, staged=False, blocks=4, tensor=True)
 """Large batches on devices with TF32 tensor cores: the throughput form with its projections
-over the window (embedding, in_proj, out_proj) as warp-level 3xTF32 matrix multiplies."""
+over the window (embedding, in_proj, out_proj) as warp-level 3xTF32 matrix multiplies, the
+weights split into TF32 parts as they are read."""
 VARIANTS = {v.name: v for v in (LATENCY, CLUSTER, PAIR, THROUGHPUT, TENSOR)}
 _ALIGN = 4
 """Every tensor starts on a 16-byte boundary (float4 loads in the kernel)."""
@@ -128,9 +129,6 @@ class ForwardLayout:
     """Dynamic shared memory per thread block with staged weights (floats)."""
     options: tuple[str, ...]
     """NVRTC ``-D`` options that fix the shapes and offsets."""
-    tensor_total: int
-    """Length of the buffer with the tensor-core form's split weights after it (``OFF_TC_*``;
-    equal to ``total`` in a cluster rank's layout, which has none)."""
 
 
 def cluster_ranks(cfg: ModelConfig, variant: Variant) -> int:
@@ -194,17 +192,6 @@ def forward_layout(cfg: ModelConfig, ranks: int = 1) -> ForwardLayout:
     for name, size in glob.items():
         offsets[name] = pos
         pos = _aligned(pos + size)
-    tensor_total = pos
-    if ranks == 1:  # the split weights of the tensor-core form, after the buffer (_split_pairs)
-        win, wout = 4 * -(-d // 2) * ip, 4 * -(-di // 2) * d
-        offsets |= {
-            "OFF_TC_EMB": pos,
-            "OFF_TC_BLOCKS": pos + 4 * -(-f // 2) * d,
-            "TC_WIN": 0,
-            "TC_WOUT": win,
-            "TC_STRIDE": win + wout,
-        }
-        tensor_total = offsets["OFF_TC_BLOCKS"] + cfg.n_layers * (win + wout)
     dims = {
         "MF_K": cfg.window,
         "MF_F": f,
@@ -248,7 +235,7 @@ def forward_layout(cfg: ModelConfig, ranks: int = 1) -> ForwardLayout:
             _aligned(k * ranks // cfg.ngroups) + ranks * -(-k // ranks) * d if ranks > 1 else 0
         )  # SM_SS, SM_EX
     )
-    return ForwardLayout(offsets, pos, shared, staged, options, tensor_total)
+    return ForwardLayout(offsets, pos, shared, staged, options)
 
 
 def shared_bytes(cfg: ModelConfig, variant: Variant) -> int:
@@ -268,19 +255,11 @@ def pack_params(
     feature_mean: npt.ArrayLike,
     feature_std: npt.ArrayLike,
     ranks: int = 1,
-    *,
-    tensor: bool = False,
 ) -> npt.NDArray[np.float32]:
     """The kernel's packed float32 buffer (host) from the model's parameter dict and the
     checkpoint's normalisation statistics (F,) each. Shapes are those of
     :func:`agent.model.params.param_shapes`; the caller validates them first. With ``ranks``
-    > 1, the ``ranks`` shares of :func:`forward_layout` one after another. With ``tensor``, the
-    tensor-core form's split weights follow (``ForwardLayout.tensor_total`` floats in all)."""
-    if tensor:
-        if ranks > 1:
-            raise ValueError("the tensor-core form takes whole windows (ranks 1)")
-        packed = _pack(params, cfg, feature_mean, feature_std, 1)
-        return np.concatenate([packed, _pack_split(params, cfg)])
+    > 1, the ``ranks`` shares of :func:`forward_layout` one after another."""
     if ranks > 1:
         return np.concatenate(
             [
@@ -356,43 +335,6 @@ def _pack(
     put(off["OFF_R_B"], params["ret.b"])
     put(off["OFF_MEAN"], feature_mean)
     put(off["OFF_STD"], feature_std)
-    return out
-
-
-def _split_pairs(w: npt.ArrayLike) -> npt.NDArray[np.float32]:
-    """A weight matrix W (in, out) as the tensor-core form reads it (``mf_matmul_tc_tile``):
-    (ceil(in / 2), out, 4) of (hi W[2p, j], hi W[2p + 1, j], lo W[2p, j], lo W[2p + 1, j]), hi
-    the TF32 value of W (float32, low 13 mantissa bits clear) and lo that of W - hi; a row of
-    zeros where ``in`` is odd."""
-    w32 = np.asarray(w, dtype=np.float32)
-    pairs = -(-w32.shape[0] // 2)
-    padded = np.zeros((2 * pairs, w32.shape[1]), np.float32)
-    padded[: w32.shape[0]] = w32
-
-    def tf32(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
-
-    hi = tf32(padded)
-    lo = tf32(padded - hi)
-    return np.stack([hi[0::2], hi[1::2], lo[0::2], lo[1::2]], axis=-1)
-
-
-def _pack_split(params: Mapping[str, npt.ArrayLike], cfg: ModelConfig) -> npt.NDArray[np.float32]:
-    """The split weights at ``OFF_TC_*`` (the floats from ``total`` on): the embedding, then
-    each layer's in_proj and out_proj, in the (in, out) orientation of the packed buffer."""
-    layout = forward_layout(cfg)
-    off = layout.offsets
-    out = np.zeros(layout.tensor_total - layout.total, dtype=np.float32)
-
-    def put(at: int, name: str) -> None:
-        flat = _split_pairs(np.asarray(params[name], dtype=np.float32).T).ravel()
-        out[at - layout.total : at - layout.total + flat.size] = flat
-
-    put(off["OFF_TC_EMB"], "embed.W")
-    for i in range(cfg.n_layers):
-        base = off["OFF_TC_BLOCKS"] + i * off["TC_STRIDE"]
-        put(base + off["TC_WIN"], block_prefix(i) + "W_in")
-        put(base + off["TC_WOUT"], block_prefix(i) + "W_out")
     return out
 
 

@@ -66,9 +66,6 @@ def make_checkpoint(cfg: ModelConfig = SMALL, seed: int = 0, *, scale: float = 1
 
 
 def packed_for(ck: Checkpoint, variant: Variant) -> np.ndarray[Any, np.dtype[np.float32]]:
-    """The checkpoint's packed buffer as ``variant`` reads it (its cluster ranks' shares, the
-    tensor-core form's split weights)."""
+    """The checkpoint's packed buffer as ``variant`` reads it (its cluster ranks' shares)."""
     cfg = ck.config
-    return pack_params(
-        ck.params, cfg, ck.norm_mean, ck.norm_std, cluster_ranks(cfg, variant), tensor=variant.tensor
-    )
+    return pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, cluster_ranks(cfg, variant))
