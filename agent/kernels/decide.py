@@ -82,8 +82,8 @@ def decide_variant(
     Measured on the H200 (132 multiprocessors), device time of each variant side by side: 32
     rows 50.5 us on clusters of four, 34.7 on pairs; 128 rows 42.6 us latency, 70.8 pairs, 84.1
     throughput; 256 rows 80.0 latency, 88.1 throughput; 512 rows 151.3 latency, 112.4
-    throughput. With the tensor-core form (another run): 132 rows 43.0 latency, 51.8 tensor;
-    160 rows 73.9 latency, 59.0 tensor, 80.4 throughput; 4,096 rows 620.9 tensor, 735.2
+    throughput. With the tensor-core form (another run): 132 rows 41.0 latency, 47.4 tensor;
+    133 rows 68.4 latency, 51.4 tensor, 75.8 throughput; 4,096 rows 569.2 tensor, 726.5
     throughput."""
     forms = [(multiprocessors // 2, CLUSTER), (multiprocessors, PAIR)] if clusters else []
     for blocks, variant in forms:
