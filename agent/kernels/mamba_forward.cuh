@@ -333,7 +333,9 @@ __device__ __forceinline__ void mf_matmul_tc_tile(const float* in, int ldi, int 
                 for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
             }
         }
-#pragma unroll 2  // two steps' loads in flight: 4,096 rows 638 -> 621 us, 132 rows 58 -> 52 us (H200, B pre-split)
+        // Two steps' loads in flight: 4,096 rows 638 -> 621 us, 132 rows 58 -> 52 us (H200, with
+        // the weights pre-split).
+#pragma unroll 2
         for (int k0 = 0; k0 < kdim; k0 += 8) {
             const int k = k0 + 2 * q;
             float ah[MT][4], al[MT][4];
@@ -554,11 +556,12 @@ __device__ __forceinline__ void mf_conv(const float* in, const float* w, const f
     }
 }
 
-// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K) (out rows ldo apart); one warp a row,
-// a warp's rows side by side (their loads and shuffle reductions independent, not one row's
-// after another's); w from mf_small (or the final norm's, staged alike). The inverse root is
-// rsqrtf (MUFU.RSQ, ~2 ulp), as in the gated norm: correctly rounded sqrtf and division cost
-// 1.0 us of the 23.8 at one row and 22 of the 572 us at 4,096 rows (H200, side by side).
+// out[t, :] = in[t, :] / sqrt(mean(in[t, :]^2) + eps) * w for t in [t0, K), out's rows ldo
+// apart; one warp a row, a warp's rows side by side (their loads and shuffle reductions
+// independent, not one row's after another's); w from mf_small (or the final norm's, staged
+// alike). The inverse root is rsqrtf (MUFU.RSQ, ~2 ulp), as in the gated norm: correctly
+// rounded sqrtf and division cost 1.0 us of the 23.8 at one row and 22 of the 572 us at 4,096
+// rows (H200, side by side).
 __device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, int ldo, const float* __restrict__ w,
                                                 int t0) {
     constexpr int ROWS = (MF_K + MF_WARPS - 1) / MF_WARPS;  // a warp's rows at most
