@@ -193,7 +193,7 @@ class _Catch:
                 np.maximum.accumulate(t, out=t)
                 self._index[iid] = np.concatenate([self._index[iid], mine + offset])
                 self._clock[iid] = np.concatenate([self._clock[iid], t])
-            new = closes.get(iid, _NONE)
+            new = closes[iid]
             if new.size:
                 self._closed[iid] = int(new[-1])
             pending = np.concatenate([self._open[iid], new])

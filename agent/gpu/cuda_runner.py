@@ -25,6 +25,7 @@ can be prepared while decisions run.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -156,14 +157,16 @@ class CudaRunner:
         self._views: dict[int, _RowViews] = {}
         self._record = out_dtype(len(ACTIONS))
         device = cp.cuda.Device()
-        self._max_shared = int(  # cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
-            cp.cuda.runtime.deviceGetAttribute(97, device.id)
+        capability = int(device.compute_capability)
+        self._variant = functools.partial(  # (cfg, rows) -> the forward variant on this device
+            decide_variant,
+            multiprocessors=int(device.attributes["MultiProcessorCount"]),
+            # Thread-block clusters need compute capability 9.0 (Hopper) or later, TF32 tensor
+            # cores 8.0 (Ampere); attribute 97 is cudaDevAttrMaxSharedMemoryPerBlockOptin.
+            clusters=capability >= 90,
+            max_shared=int(cp.cuda.runtime.deviceGetAttribute(97, device.id)),
+            tensor_cores=capability >= 80,
         )
-        self._multiprocessors = int(device.attributes["MultiProcessorCount"])
-        # Thread-block clusters need compute capability 9.0 (Hopper) or later, TF32 tensor
-        # cores 8.0 (Ampere).
-        self._clusters = int(device.compute_capability) >= 90
-        self._tensor_cores = int(device.compute_capability) >= 80
         self._last: npt.NDArray[np.void] | None = None
         self._open = True
 
@@ -171,17 +174,7 @@ class CudaRunner:
         cp = self._cp
         cfg = checkpoint.config
         stream = cp.cuda.Stream(non_blocking=True)
-        variants = {
-            bucket: decide_variant(
-                cfg,
-                bucket,
-                multiprocessors=self._multiprocessors,
-                clusters=self._clusters,
-                max_shared=self._max_shared,
-                tensor_cores=self._tensor_cores,
-            )
-            for bucket in self.buckets
-        }
+        variants = {bucket: self._variant(cfg, bucket) for bucket in self.buckets}
         with stream:
             pack = (checkpoint.params, cfg, checkpoint.norm_mean, checkpoint.norm_std)
             clusters = {cluster_ranks(cfg, variant) for variant in variants.values() if variant.split}
