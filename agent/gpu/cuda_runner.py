@@ -10,13 +10,17 @@ blocks by heads where the device has thread-block clusters, else one block a mul
 with the weights staged in shared memory, and the throughput variant for large buckets (its
 projections on the tensor cores where the device has them).
 
-Inputs (feature rows, slots, health, positions, regime scale) and the output records live in
-pinned mapped host memory (:mod:`agent.gpu.pinned`) that the kernel reads and writes
-directly; windows, the per-slot counters (rows pushed, decisions made) and parameters stay on
-the device, and the kernel keeps the counters. Padded rows carry slot -1, which the kernel
-skips. A call writes the inputs, launches the bucket's graph, waits for the stream and copies
-the output records once; each record carries the device's nanosecond timer at its row's start
-and end, so the call's device time needs no events around the launch.
+Each bucket's inputs (feature rows, slots, health, positions, regime scale) are packed in one
+region of pinned mapped host memory (:mod:`agent.gpu.pinned`), and the output records live in
+another that the kernel writes directly. The graph of a bucket in :data:`STAGED_ROWS` first
+copies the region to device memory in one copy (64 rows took 37.8 us of device time reading the
+region over the bus, 28.8 from device memory, and the copy costs ~2.5 us); the others' kernel
+reads the region directly. Windows, the per-slot
+counters (rows pushed, decisions made) and parameters stay on the device, and the kernel keeps
+the counters. Padded rows carry slot -1, which the kernel skips. A call writes the inputs,
+launches the bucket's graph, waits for the stream and copies the output records once; each
+record carries the device's nanosecond timer at its row's start and end, so the call's device
+time needs no events around the launch.
 
 A model's buffer set (packed parameters, supports and its graphs) is built by
 :meth:`CudaRunner.prepare` on a private stream (graph capture in relaxed mode), so a hot swap
@@ -26,6 +30,7 @@ can be prepared while decisions run.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -57,37 +62,81 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+STAGED_ROWS = range(8, 1025)
+"""Buckets of these sizes copy their inputs to device memory before the kernel; the others'
+kernel reads them from the pinned region. Every block reads its inputs before anything else,
+so their reads over the bus are on its critical path; the copy (~2.5 us, plus ~7 ns a row)
+pays from a few rows to about a thousand, not for the fewest rows (it costs more than the reads)
+nor for thousands (copying them costs more than waves of blocks lose to the reads).
+``decide()`` on the H200, both ways in one process (wall
+p50 / device time, us): 1 row 47.0 / 21.6 read in place against 47.7 / 20.3 copied, 4 rows
+49.1 / 23.4 against 48.5 / 20.4, 8 rows 51.6 / 25.4 against 50.0 / 21.3, 64 rows 68.7 / 37.8
+against 62.8 / 28.8, 1,024 rows 214.8 / 160.1 against 207.1 / 149.7, 4,096 rows 685.9 / 550.4
+against 702.7 / 536.1."""
+
+_INPUTS: tuple[tuple[str, npt.DTypeLike], ...] = (
+    ("rows", np.float32),
+    ("slots", np.int32),
+    ("positions", np.int32),
+    ("regime", np.float32),
+    ("healthy", np.bool_),
+)
+"""The per-row inputs, in their order in a bucket's region (rows is (B, F), the others (B,))."""
+
+
+def _layout(rows: int, n_features: int) -> tuple[list[tuple[str, np.dtype[Any], tuple[int, ...], int]], int]:
+    """Name, dtype, shape and byte offset of each input of a ``rows``-row bucket (each on a
+    16-byte boundary), and the region's size."""
+    out = []
+    pos = 0
+    for name, dtype in _INPUTS:
+        dt: np.dtype[Any] = np.dtype(dtype)
+        shape: tuple[int, ...] = (rows, n_features) if name == "rows" else (rows,)
+        out.append((name, dt, shape, pos))
+        pos = -(-(pos + math.prod(shape) * dt.itemsize) // 16) * 16
+    return out, pos
+
+
+def _views(buffer: Any, rows: int, n_features: int) -> dict[str, Any]:
+    """The inputs of a ``rows``-row bucket in the flat uint8 ``buffer`` (NumPy or CuPy)."""
+    return {
+        name: buffer[at : at + math.prod(shape) * dt.itemsize].view(dt).reshape(shape)
+        for name, dt, shape, at in _layout(rows, n_features)[0]
+    }
+
+
 @dataclass(frozen=True, slots=True)
-class _IO:
-    """Pinned mapped inputs and outputs of max_batch rows: NumPy views for the host, CuPy views
-    of the same bytes for the kernel."""
+class _Inputs:
+    """One bucket's inputs, packed in one pinned mapped region: NumPy views for the host's writes
+    and the views the kernel reads (of the region itself, or of its device copy: ``staged``)."""
 
     host: dict[str, npt.NDArray[Any]]
     device: dict[str, Any]
-    owners: tuple[MappedArray, ...]
-    """Keep the pinned allocations alive as long as the views."""
+    region: MappedArray
+    staged: Any
+    """The device copy of the region (CuPy uint8), None where the kernel reads the region."""
 
     @classmethod
-    def mapped(cls, rows: int, n_features: int) -> _IO:
-        """Inputs zeroed, every slot padded; outputs zeroed. The output records are bytes on
-        both sides (CuPy has no structured dtypes); the host views its copy as records."""
-        record = out_dtype(len(ACTIONS))
-        specs: dict[str, tuple[tuple[int, ...], npt.DTypeLike]] = {
-            "rows": ((rows, n_features), np.float32),
-            "slots": ((rows,), np.int32),
-            "healthy": ((rows,), np.bool_),
-            "positions": ((rows,), np.int32),
-            "regime": ((rows,), np.float32),
-            "out": ((rows, record.itemsize), np.uint8),
-        }
-        arrays = {name: mapped_empty(shape, dtype) for name, (shape, dtype) in specs.items()}
-        for buf in arrays.values():
-            buf.host[...] = 0
-        arrays["slots"].host[...] = -1
-        return cls(
-            host={name: buf.host for name, buf in arrays.items()},
-            device={name: buf.device for name, buf in arrays.items()},
-            owners=tuple(arrays.values()),
+    def mapped(cls, rows: int, n_features: int) -> _Inputs:
+        """Zeroed inputs, every slot padded (-1)."""
+        cp = cupy()
+        region = mapped_empty((_layout(rows, n_features)[1],), np.uint8)
+        region.host[...] = 0
+        host = _views(region.host, rows, n_features)
+        host["slots"][...] = -1
+        staged = cp.empty(region.host.size, cp.uint8) if rows in STAGED_ROWS else None
+        device = _views(region.device if staged is None else staged, rows, n_features)
+        return cls(host, device, region, staged)
+
+    def copy(self) -> None:
+        """Enqueue the region's copy to the device copy on the current stream (staged only)."""
+        cp = cupy()
+        cp.cuda.runtime.memcpyAsync(
+            self.staged.data.ptr,
+            self.region.device.data.ptr,
+            self.staged.nbytes,
+            cp.cuda.runtime.memcpyDefault,  # the region's device address: unified addressing
+            cp.cuda.get_current_stream().ptr,
         )
 
 
@@ -153,9 +202,11 @@ class CudaRunner:
             self.decisions = cp.zeros(tick_values.size, dtype=cp.uint64)  # the next Thompson step
             self.tick_value = cp.asarray(tick_values, dtype=cp.float64)
         self.stream.synchronize()
-        self.io = _IO.mapped(max_batch, n_features)
-        self._views: dict[int, _RowViews] = {}
+        self.inputs = {bucket: _Inputs.mapped(bucket, n_features) for bucket in self.buckets}
         self._record = out_dtype(len(ACTIONS))
+        self.out = mapped_empty((max_batch, self._record.itemsize), np.uint8)  # bytes on both sides:
+        self.out.host[...] = 0  # CuPy has no structured dtypes; the host views its copy as records
+        self._views: dict[int, _RowViews] = {}
         device = cp.cuda.Device()
         capability = int(device.compute_capability)
         self._variant = functools.partial(  # (cfg, rows) -> the forward variant on this device
@@ -189,24 +240,27 @@ class CudaRunner:
             # Compile and load each variant the buckets use outside capture (one bucket a
             # variant): a launch with every row padded (slot -1) on private scratch touches no
             # shared state.
-            scratch = {name: cp.zeros_like(view) for name, view in self.io.device.items()}
-            scratch["slots"][...] = -1
             for bucket in {variant: bucket for bucket, variant in variants.items()}.values():
-                self._enqueue(weights, variants[bucket], bucket, scratch)
+                scratch = {name: cp.zeros_like(view) for name, view in self.inputs[bucket].device.items()}
+                scratch["slots"][...] = -1
+                self._enqueue(weights, variants[bucket], scratch, cp.zeros_like(self.out.device[:bucket]))
             stream.synchronize()
             graphs = {}
             for bucket in self.buckets:
+                inputs = self.inputs[bucket]
                 stream.begin_capture()  # CuPy's default mode is relaxed
                 try:
-                    self._enqueue(weights, variants[bucket], bucket, self.io.device)
+                    if inputs.staged is not None:
+                        inputs.copy()
+                    self._enqueue(weights, variants[bucket], inputs.device, self.out.device[:bucket])
                 finally:
                     graph = stream.end_capture()
                 graphs[bucket] = graph
         return _CudaModel(weights, graphs)
 
-    def _enqueue(self, weights: _Weights, variant: Variant, n: int, io: dict[str, Any]) -> None:
-        """Launch the decision kernel's ``variant`` for rows [0, n) of ``io`` on the current
-        stream."""
+    def _enqueue(self, weights: _Weights, variant: Variant, inputs: dict[str, Any], out: Any) -> None:
+        """Launch the decision kernel's ``variant`` for a bucket's ``inputs`` (device views) and
+        its rows of ``out`` on the current stream."""
         cfg = weights.config
         decide(
             weights.shares[cluster_ranks(cfg, variant)] if variant.split else weights.packed,
@@ -219,15 +273,15 @@ class CudaRunner:
             bars=self.bars,
             steps=self.decisions,
             tick_value=self.tick_value,
-            rows=io["rows"][:n],
-            slots=io["slots"][:n],
-            healthy=io["healthy"][:n],
-            positions=io["positions"][:n],
-            regime=io["regime"][:n],
+            rows=inputs["rows"],
+            slots=inputs["slots"],
+            healthy=inputs["healthy"],
+            positions=inputs["positions"],
+            regime=inputs["regime"],
             policy=self.policy,
             fee_per_contract=self.costs.fee_per_contract,
             spread_column=self.costs.spread_column,
-            out=io["out"][:n],
+            out=out,
         )
 
     def run(self, model: object, batch: Batch) -> RawDecision:
@@ -264,8 +318,8 @@ class CudaRunner:
         )
 
     def _row_views(self, n: int) -> _RowViews:
-        host = self.io.host
         bucket = next(b for b in self.buckets if b >= n)
+        host = self.inputs[bucket].host
         views = self._views[n] = _RowViews(
             bucket,
             host["positions"][:n],
@@ -274,7 +328,7 @@ class CudaRunner:
             host["rows"][:n],
             host["slots"][:n],
             host["slots"][n:bucket],
-            host["out"][:n],
+            self.out.host[:n],
         )
         return views
 

@@ -6,7 +6,8 @@
 // of mamba_forward.cuh, softmax_ev.cuh, thompson.cuh and kelly.cuh.
 //
 // Macros: those of mamba_forward.cuh, plus MF_A actions and MF_ATOMS atoms (MF_NQ = A * atoms).
-// Inputs (B rows, pinned mapped host memory): rows (B, F) raw features of the new bar; slot
+// Inputs (B rows; pinned mapped host memory, or device memory where the engine copies them
+// first: agent/gpu/cuda_runner.py): rows (B, F) raw features of the new bar; slot
 // (B) int32 (< 0: padded row, skipped); healthy (B) uint8; position (B) int32; regime (B)
 // float32; spread_col the column of rows holding the book's spread in ticks (Kelly's cost
 // gate). Device, per slot: window (slots, K, F) raw features, bars (rows pushed) and steps
@@ -76,7 +77,8 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
 #if MF_CL > 1
     P += (size_t)mf_rank() * MF_PSTRIDE;
 #endif
-    // Every read of host memory is issued here, at once: one PCIe round trip, not one a stage.
+    // Every read of the inputs is issued here, at once: where they lie in host memory, one PCIe
+    // round trip, not one a stage.
     const int s = slot[b];
     const bool ok = healthy[b] != 0;
     const float fresh = threadIdx.x < MF_F ? rows[(size_t)b * MF_F + threadIdx.x] : 0.0f;
@@ -87,7 +89,7 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         reg = regime[b];
     }
     // The normalisation's mean and std of this thread's feature (the same for every element it
-    // pushes where F divides the block), read while the host memory's round trip is under way.
+    // pushes where F divides the block), read while the inputs' reads are under way.
     constexpr bool ONE_F = MF_THREADS % MF_F == 0;
     const float mean = ONE_F ? __ldg(P + OFF_MEAN + threadIdx.x % MF_F) : 0.0f;
     const float sd = ONE_F ? __ldg(P + OFF_STD + threadIdx.x % MF_F) : 1.0f;
