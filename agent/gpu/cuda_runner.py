@@ -15,12 +15,11 @@ region of pinned mapped host memory (:mod:`agent.gpu.pinned`), and the output re
 another that the kernel writes directly. The graph of a bucket in :data:`STAGED_ROWS` first
 copies the region to device memory in one copy (64 rows took 37.8 us of device time reading the
 region over the bus, 28.8 from device memory, and the copy costs ~2.5 us); the others' kernel
-reads the region directly. Windows, the per-slot
-counters (rows pushed, decisions made) and parameters stay on the device, and the kernel keeps
-the counters. Padded rows carry slot -1, which the kernel skips. A call writes the inputs,
-launches the bucket's graph, waits for the stream and copies the output records once; each
-record carries the device's nanosecond timer at its row's start and end, so the call's device
-time needs no events around the launch.
+reads the region directly. Windows, the per-slot counters (rows pushed, decisions made) and
+parameters stay on the device, and the kernel keeps the counters. Padded rows carry slot -1,
+which the kernel skips. A call writes the inputs, launches the bucket's graph, waits for the
+stream and copies the output records once; each record carries the device's nanosecond timer
+at its row's start and end, so the call's device time needs no events around the launch.
 
 A model's buffer set (packed parameters, supports and its graphs) is built by
 :meth:`CudaRunner.prepare` on a private stream (graph capture in relaxed mode), so a hot swap
@@ -68,11 +67,10 @@ kernel reads them from the pinned region. Every block reads its inputs before an
 so their reads over the bus are on its critical path; the copy (~2.5 us, plus ~7 ns a row)
 pays from a few rows to about a thousand, not for the fewest rows (it costs more than the reads)
 nor for thousands (copying them costs more than waves of blocks lose to the reads).
-``decide()`` on the H200, both ways in one process (wall
-p50 / device time, us): 1 row 47.0 / 21.6 read in place against 47.7 / 20.3 copied, 4 rows
-49.1 / 23.4 against 48.5 / 20.4, 8 rows 51.6 / 25.4 against 50.0 / 21.3, 64 rows 68.7 / 37.8
-against 62.8 / 28.8, 1,024 rows 214.8 / 160.1 against 207.1 / 149.7, 4,096 rows 685.9 / 550.4
-against 702.7 / 536.1."""
+``decide()`` on the H200, both ways in one process (wall p50 / device time, us): 1 row 47.0 /
+21.6 read in place against 47.7 / 20.3 copied, 4 rows 49.1 / 23.4 against 48.5 / 20.4, 8 rows
+51.6 / 25.4 against 50.0 / 21.3, 64 rows 68.7 / 37.8 against 62.8 / 28.8, 1,024 rows 214.8 /
+160.1 against 207.1 / 149.7, 4,096 rows 685.9 / 550.4 against 702.7 / 536.1."""
 
 _INPUTS: tuple[tuple[str, npt.DTypeLike], ...] = (
     ("rows", np.float32),

@@ -3,8 +3,10 @@
 ``cudaHostAlloc(..., cudaHostAllocMapped)`` memory is page-locked and, with unified virtual
 addressing (every 64-bit Linux CUDA platform), usable by kernels at the same address. The host
 writes inputs into a NumPy view and reads outputs from it; kernels (and captured CUDA graphs)
-read and write the same bytes through a CuPy view. No copy calls, no staging buffers: after the
-one stream synchronisation of a decision the outputs are already in host memory.
+read and write the same bytes through a CuPy view, or a graph copies them to device memory
+first where the kernel's reads over the bus would cost more than the copy
+(:data:`agent.gpu.cuda_runner.STAGED_ROWS`). After the one stream synchronisation of a decision
+the outputs are already in host memory.
 
 CuPy has no ``cudaHostGetDevicePointer``; the allocation is wrapped with
 ``cupy.cuda.UnownedMemory`` + ``MemoryPointer`` (NOTES.md).
