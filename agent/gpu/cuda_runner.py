@@ -95,11 +95,12 @@ def _layout(rows: int, n_features: int) -> tuple[list[tuple[str, np.dtype[Any], 
     return out, pos
 
 
-def _views(buffer: Any, rows: int, n_features: int) -> dict[str, Any]:
-    """The inputs of a ``rows``-row bucket in the flat uint8 ``buffer`` (NumPy or CuPy)."""
+def _views(buffer: Any, entries: list[tuple[str, np.dtype[Any], tuple[int, ...], int]]) -> dict[str, Any]:
+    """The inputs of a bucket in the flat uint8 ``buffer`` (NumPy or CuPy), at the offsets of
+    its layout's ``entries`` (:func:`_layout`)."""
     return {
         name: buffer[at : at + math.prod(shape) * dt.itemsize].view(dt).reshape(shape)
-        for name, dt, shape, at in _layout(rows, n_features)[0]
+        for name, dt, shape, at in entries
     }
 
 
@@ -118,12 +119,13 @@ class _Inputs:
     def mapped(cls, rows: int, n_features: int) -> _Inputs:
         """Zeroed inputs, every slot padded (-1)."""
         cp = cupy()
-        region = mapped_empty((_layout(rows, n_features)[1],), np.uint8)
+        entries, size = _layout(rows, n_features)
+        region = mapped_empty((size,), np.uint8)
         region.host[...] = 0
-        host = _views(region.host, rows, n_features)
+        host = _views(region.host, entries)
         host["slots"][...] = -1
-        staged = cp.empty(region.host.size, cp.uint8) if rows in STAGED_ROWS else None
-        device = _views(region.device if staged is None else staged, rows, n_features)
+        staged = cp.empty(size, cp.uint8) if rows in STAGED_ROWS else None
+        device = _views(region.device if staged is None else staged, entries)
         return cls(host, device, region, staged)
 
     def copy(self) -> None:

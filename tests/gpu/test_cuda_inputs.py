@@ -15,7 +15,7 @@ from agent.gpu.cuda_runner import STAGED_ROWS, _layout, _views
 def test_each_input_has_its_own_aligned_bytes(rows: int, features: int) -> None:
     entries, size = _layout(rows, features)
     buffer = np.zeros(size, np.uint8)
-    views = _views(buffer, rows, features)
+    views = _views(buffer, entries)
     assert views["rows"].shape == (rows, features) and views["slots"].shape == (rows,)
     for i, (name, _, _, at) in enumerate(entries):
         assert at % 16 == 0, name
