@@ -63,3 +63,17 @@ def test_the_books_caught_in_one_pass_are_the_schedules(
             assert np.array_equal(books.late, schedule.late)
             expected = levels_at(records, schedule.rows)
             assert books.levels.tobytes() == expected.tobytes(), (spec.symbol, chunk)
+
+
+def test_the_driver_reads_the_books_where_they_were_caught(feed: Path) -> None:
+    """The books of every instrument lie end to end in one array: the driver's columns take them
+    as they are when its instruments come in that order (no copy of every bar's book), and
+    concatenate them otherwise (another order, an instrument in several slots)."""
+    base = load_config(env={}).feeds
+    feeds = msgspec.structs.replace(base, instruments=tuple(SPECS), bars=BarConfig(clock="events", events=8))
+    bars = fast.load_bars(feed, SPECS, feeds, 0, 2**62, latency_ms=3.0)
+    for specs, in_place in ((SPECS, True), (SPECS[:1], True), (SPECS[::-1], False), ([SPECS[0]] * 2, False)):
+        cols = fast._columns(bars, specs, [bars.frames[s.symbol] for s in specs])
+        expected = np.concatenate([bars.books[s.symbol].levels for s in specs])
+        assert cols.exec_levels.tobytes() == expected.tobytes()
+        assert np.shares_memory(cols.exec_levels, bars.books[specs[0].symbol].levels) == in_place
