@@ -83,9 +83,10 @@ def walk_book(bid_px: Array, bid_sz: Array, ask_px: Array, ask_sz: Array, qty: A
     # Reference = the first non-empty level's price (exact in int64), offsets are small.
     ref = px[xp.arange(px.shape[0]), has.argmax(axis=1)]
     offset = xp.where(has, px - ref[:, None], 0.0)  # float64
-    with np.errstate(invalid="ignore", divide="ignore"):
-        avg = ref + (take * offset).sum(axis=1) / filled_abs
-    avg = xp.where(filled_abs > 0, avg, np.nan)
+    # NaN where nothing filled; divided by 1 there, not 0 (no 0/0 warning to silence: np.errstate
+    # costs more than the division)
+    some = filled_abs > 0
+    avg = xp.where(some, ref + (take * offset).sum(axis=1) / xp.where(some, filled_abs, 1.0), np.nan)
     levels = (take > 0).sum(axis=1, dtype=np.int64)
     return BookFill(filled=xp.sign(q) * filled_abs, avg_price=avg, levels_used=levels)
 
@@ -253,12 +254,12 @@ def apply_fills(positions: PositionArrays, qty: Array, price: Array) -> Position
     increasing = (pos == 0) | (xp.sign(q) == side)
     closed = xp.where(increasing, 0.0, side * xp.minimum(size, held))
     realised = realised + closed * (p - avg)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        averaged = (pos * avg + q * p) / new_pos
+    flat = new_pos == 0
+    averaged = (pos * avg + q * p) / xp.where(flat, 1.0, new_pos)  # flat: replaced below
     # Reducing keeps the entry price, crossing through zero opens at p; a no-op (q == 0, so
     # not increasing unless flat) keeps it too, and so does a flat no-op (new_pos == 0).
     new_avg = xp.where(increasing, averaged, xp.where(size > held, p, avg))
-    new_avg = xp.where(new_pos == 0, xp.where(none, avg, 0.0), new_avg)
+    new_avg = xp.where(flat, xp.where(none, avg, 0.0), new_avg)
     return PositionArrays(new_pos, new_avg, realised)
 
 
