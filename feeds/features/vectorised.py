@@ -11,8 +11,11 @@ bar's records back.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import os
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -157,11 +160,26 @@ class FeatureSet:
     rejected_records: int
 
 
+@functools.cache
+def _workers() -> ThreadPoolExecutor:
+    """The threads on which :class:`FeatureStream` runs its instruments side by side (each
+    instrument's stream is its own state). Most of an instrument's work is NumPy calls on
+    thousands of records, which release the interpreter lock: on a 16-core host the 1M-record
+    bench file of two instruments took 0.50 s against 0.56 s one instrument after the other
+    (medians of ten); on a 2-core machine, where the reading thread takes the other core, the
+    same."""
+    return ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="features")
+
+
+os.register_at_fork(after_in_child=_workers.cache_clear)  # a forked child has none of the threads
+
+
 class FeatureStream:
     """The vectorised path over a stream of record chunks (a file or an archive read in bounded
     memory): :meth:`push` each chunk in arrival order, then :meth:`result`. The bars and
     features do not depend on how the records are cut into chunks; :func:`compute_all` is one
-    chunk. Records of an instrument that is not configured, or not MBP-10, are counted."""
+    chunk. Records of an instrument that is not configured, or not MBP-10, are counted. The
+    instruments of a chunk are computed side by side (:func:`_workers`)."""
 
     def __init__(self, instruments: Iterable[InstrumentSpec], bars: BarConfig, health: HealthConfig) -> None:
         self._streams = [
@@ -178,16 +196,20 @@ class FeatureStream:
         chunk = np.ascontiguousarray(records)  # bar_statistics views records as int64 words
         ids = chunk["instrument_id"].astype(np.int64)  # read once, then contiguous
         ids[~mbp10_header_ok(chunk)] = _NO_ID
-        valid = np.zeros(chunk.shape[0], bool)
-        closes = {}
-        for stream in self._streams:
-            mine = ids == stream.spec.instrument_id
-            valid |= mine
-            positions = None if mine.all() else np.flatnonzero(mine)
-            closes[stream.spec.instrument_id] = stream.push(chunk, positions, self._offset)
+        offset = self._offset
+        masks = [ids == stream.spec.instrument_id for stream in self._streams]
+
+        def push(stream: _InstrumentStream, mine: np.ndarray) -> np.ndarray:
+            return stream.push(chunk, None if mine.all() else np.flatnonzero(mine), offset)
+
+        if len(self._streams) > 1:
+            closed = list(_workers().map(push, self._streams, masks))
+        else:
+            closed = [push(stream, mine) for stream, mine in zip(self._streams, masks, strict=True)]
+        valid = np.logical_or.reduce(masks) if masks else np.zeros(chunk.shape[0], bool)
         self._rejected += int(chunk.shape[0] - np.count_nonzero(valid))
         self._offset += chunk.shape[0]
-        return closes
+        return {stream.spec.instrument_id: c for stream, c in zip(self._streams, closed, strict=True)}
 
     def result(self) -> FeatureSet:
         """The bars closed so far, a health monitor per symbol, and the rejected records."""
