@@ -280,6 +280,46 @@ __device__ __forceinline__ void mf_matmul(const float* in, int ldi, int kdim, co
     }
 }
 
+// out[j] (+)= sum_k in[k] * Wt[k * ldw + j] for j in [0, n): one row through a matrix on every
+// thread of the block. mf_matmul's one-row form gives a thread four columns and the whole k, so
+// only n / 4 threads work, each through kdim dependent steps: the last layer's z row and out_proj
+// row took nearly as long as the 32-row projections beside them. Here k is cut into `slices`
+// (as many as leave every thread a column group of one slice, at most kdim / 4 and MF_K - 1):
+// each slice's float4 partial sums go to row s of `scratch` (rows MF_IP apart, n floats each;
+// the caller's free rows), and thread j adds column j's partials in slice order. A barrier between
+// the two: the caller's scratch rows must be free when it is called (no thread reads them any
+// more), and out is written after it. Needs kdim, n, ldw multiples of 4 and 16-byte aligned in,
+// Wt and scratch; every thread of the block calls it.
+template <bool ACC>
+__device__ __forceinline__ void mf_gemv_row(const float* in, int kdim, const float* Wt, int ldw, float* out, int n,
+                                            float* scratch) {
+    const int groups = n / 4, k4 = kdim / 4;
+    const int slices = max(1, min(min(MF_THREADS / groups, k4), MF_K - 1));
+    if (threadIdx.x < groups * slices) {
+        const int g = threadIdx.x % groups, s = threadIdx.x / groups;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int q = s * k4 / slices; q < (s + 1) * k4 / slices; ++q) {
+            const float4 a = *reinterpret_cast<const float4*>(in + 4 * q);
+            const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const float4 w = *reinterpret_cast<const float4*>(Wt + (size_t)(4 * q + kk) * ldw + 4 * g);
+                acc.x += av[kk] * w.x;
+                acc.y += av[kk] * w.y;
+                acc.z += av[kk] * w.z;
+                acc.w += av[kk] * w.w;
+            }
+        }
+        *reinterpret_cast<float4*>(scratch + s * MF_IP + 4 * g) = acc;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n; j += MF_THREADS) {
+        float sum = 0.0f;
+        for (int s = 0; s < slices; ++s) sum += scratch[s * MF_IP + j];
+        out[j] = (ACC ? out[j] : 0.0f) + sum;
+    }
+}
+
 // x with its low 13 mantissa bits cleared: a TF32 value (exact as float32).
 __device__ __forceinline__ float mf_tf32(float x) { return __uint_as_float(__float_as_uint(x) & 0xffffe000u); }
 
@@ -643,7 +683,12 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
         if (last) {
             mf_project<mf_tile(xbcdt, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP, 0,
                                              MF_K, false);
-            mf_matmul<1>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, t_out, 1, false);
+            // z of the last step alone, its partial sums in z's free rows (before the last)
+            if constexpr (MF_D % 4 == 0 && MF_DI % 4 == 0 && MF_IP % 4 == 0 && MF_LDU % 4 == 0) {
+                mf_gemv_row<false>(us + t_out * MF_LDU, MF_D, w_in, MF_IP, zx + t_out * MF_IP, MF_DI, zx);
+            } else {
+                mf_matmul<1>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, t_out, 1, false);
+            }
         } else {
             mf_project<mf_tile(MF_IP, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0, MF_K,
                                              false);
@@ -742,8 +787,15 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
         // product (its channels) goes to its free pre-norm buffer, then across the cluster.
         float* prod = MF_CL > 1 ? us : hs;
         if (last) {
-            mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D, t_out, 1,
-                         MF_CL == 1);
+            // the last step's row alone, its partial sums in zx's rows before the last (free once
+            // the gate has read them)
+            if constexpr (MF_D % 4 == 0 && MF_DI % 4 == 0 && MF_IP % 4 == 0) {
+                mf_gemv_row<MF_CL == 1>(zx + t_out * MF_IP + MF_DI, MF_DI, w_out, MF_D, prod + t_out * MF_D, MF_D,
+                                        zx);
+            } else {
+                mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D, t_out, 1,
+                             MF_CL == 1);
+            }
         } else {
             mf_project<mf_tile(MF_D, MF_K)>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D, 0,
                                             MF_K, MF_CL == 1);
