@@ -284,7 +284,7 @@ __device__ __forceinline__ void mf_matmul(const float* in, int ldi, int kdim, co
 // thread of the block. mf_matmul's one-row form gives a thread four columns and the whole k, so
 // only n / 4 threads work, each through kdim dependent steps: the last layer's z row and out_proj
 // row took nearly as long as the 32-row projections beside them. Here k is cut into `slices`
-// (as many as leave every thread a column group of one slice, at most kdim / 4 and MF_K - 1):
+// (as many as leave a thread a column group of one slice, at most kdim / 4 and MF_K - 1):
 // each slice's float4 partial sums go to row s of `scratch` (rows MF_IP apart, n floats each;
 // the caller's free rows), and thread j adds column j's partials in slice order. A barrier between
 // the two: the caller's scratch rows must be free when it is called (no thread reads them any
@@ -295,8 +295,8 @@ __device__ __forceinline__ void mf_gemv_row(const float* in, int kdim, const flo
                                             float* scratch) {
     const int groups = n / 4, k4 = kdim / 4;
     const int slices = max(1, min(min(MF_THREADS / groups, k4), MF_K - 1));
-    if (threadIdx.x < groups * slices) {
-        const int g = threadIdx.x % groups, s = threadIdx.x / groups;
+    for (int item = threadIdx.x; item < groups * slices; item += MF_THREADS) {  // one pass unless n > 4 threads
+        const int g = item % groups, s = item / groups;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int q = s * k4 / slices; q < (s + 1) * k4 / slices; ++q) {
             const float4 a = *reinterpret_cast<const float4*>(in + 4 * q);
