@@ -284,18 +284,21 @@ __device__ __forceinline__ void mf_matmul(const float* in, int ldi, int kdim, co
 // thread of the block. mf_matmul's one-row form gives a thread four columns and the whole k, so
 // only n / 4 threads work, each through kdim dependent steps: the last layer's z row and out_proj
 // row took nearly as long as the 32-row projections beside them. Here k is cut into `slices`
-// (as many as leave a thread a column group of one slice, at most kdim / 4 and MF_K - 1):
-// each slice's float4 partial sums go to row s of `scratch` (rows MF_IP apart, n floats each;
-// the caller's free rows), and thread j adds column j's partials in slice order. A barrier between
-// the two: the caller's scratch rows must be free when it is called (no thread reads them any
-// more), and out is written after it. Needs kdim, n, ldw multiples of 4 and 16-byte aligned in,
-// Wt and scratch; every thread of the block calls it.
-template <bool ACC>
-__device__ __forceinline__ void mf_gemv_row(const float* in, int kdim, const float* Wt, int ldw, float* out, int n,
-                                            float* scratch) {
+// (as many as leave a thread a column group of one slice, at most kdim / 4 and MF_K - 1): each
+// slice's float4 partial sums go to row s of `scratch` (rows MF_IP apart, n floats each; the
+// caller's rows that no thread reads any more), and thread j adds column j's partials in slice
+// order, after a barrier. Shapes not in multiples of 4 take mf_matmul's one-row form (as there,
+// the bases of in, Wt and scratch are on 16 bytes: the layouts align every tensor and row).
+// Every thread of the block calls it.
+__device__ __forceinline__ void mf_project_row(const float* in, int kdim, const float* Wt, int ldw, float* out, int n,
+                                               float* scratch, bool accumulate) {
+    if (MF_IP % 4 != 0 || ((kdim | ldw | n) & 3) != 0) {
+        mf_matmul<1>(in, 0, kdim, Wt, ldw, nullptr, out, 0, 0, n, 0, 1, accumulate);
+        return;
+    }
     const int groups = n / 4, k4 = kdim / 4;
     const int slices = max(1, min(min(MF_THREADS / groups, k4), MF_K - 1));
-    for (int item = threadIdx.x; item < groups * slices; item += MF_THREADS) {  // one pass unless n > 4 threads
+    for (int item = threadIdx.x; item < groups * slices; item += MF_THREADS) {  // one pass up to 4 x threads columns
         const int g = item % groups, s = item / groups;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int q = s * k4 / slices; q < (s + 1) * k4 / slices; ++q) {
@@ -316,7 +319,7 @@ __device__ __forceinline__ void mf_gemv_row(const float* in, int kdim, const flo
     for (int j = threadIdx.x; j < n; j += MF_THREADS) {
         float sum = 0.0f;
         for (int s = 0; s < slices; ++s) sum += scratch[s * MF_IP + j];
-        out[j] = (ACC ? out[j] : 0.0f) + sum;
+        out[j] = (accumulate ? out[j] : 0.0f) + sum;
     }
 }
 
@@ -684,11 +687,7 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
             mf_project<mf_tile(xbcdt, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP, 0,
                                              MF_K, false);
             // z of the last step alone, its partial sums in z's free rows (before the last)
-            if constexpr (MF_D % 4 == 0 && MF_DI % 4 == 0 && MF_IP % 4 == 0 && MF_LDU % 4 == 0) {
-                mf_gemv_row<false>(us + t_out * MF_LDU, MF_D, w_in, MF_IP, zx + t_out * MF_IP, MF_DI, zx);
-            } else {
-                mf_matmul<1>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_DI, t_out, 1, false);
-            }
+            mf_project_row(us + t_out * MF_LDU, MF_D, w_in, MF_IP, zx + t_out * MF_IP, MF_DI, zx, false);
         } else {
             mf_project<mf_tile(MF_IP, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0, MF_K,
                                              false);
@@ -789,13 +788,8 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
         if (last) {
             // the last step's row alone, its partial sums in zx's rows before the last (free once
             // the gate has read them)
-            if constexpr (MF_D % 4 == 0 && MF_DI % 4 == 0 && MF_IP % 4 == 0) {
-                mf_gemv_row<MF_CL == 1>(zx + t_out * MF_IP + MF_DI, MF_DI, w_out, MF_D, prod + t_out * MF_D, MF_D,
-                                        zx);
-            } else {
-                mf_matmul<1>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D, t_out, 1,
-                             MF_CL == 1);
-            }
+            mf_project_row(zx + t_out * MF_IP + MF_DI, MF_DI, w_out, MF_D, prod + t_out * MF_D, MF_D, zx,
+                           MF_CL == 1);
         } else {
             mf_project<mf_tile(MF_D, MF_K)>(zx + MF_DI, MF_IP, MF_DI, w_out, MF_D, nullptr, prod, MF_D, 0, MF_D, 0,
                                             MF_K, MF_CL == 1);
