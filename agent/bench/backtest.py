@@ -17,6 +17,21 @@ weights) served on the configured device, with the configured policy, bars and b
     the process's peak resident memory while the two drivers ran (MiB; Linux resets the peak
     after the benchmark file is prepared, elsewhere the whole process's peak).
 
+Where each driver's time goes, from its decider's calls timed from outside (:class:`_Timed`,
+the same decider wrapped for the run):
+
+``event_decide_us``, ``event_host_us``
+    the median engine call (one bar close a call) and the driver's own time a decision (its
+    elapsed time less every engine call, over its decisions: features, trading step, risk,
+    broker, ledger);
+``fast_load_s``, ``fast_steps_s``, ``fast_engine_s``
+    the vectorised run's read and features (with the regime path), its lockstep steps' own work,
+    and its engine calls (``fast_decide_us`` the median one, ``fast_rows_per_call`` their rows);
+``event_device_us``, ``fast_device_us``
+    the median device time of the engine calls (a CUDA engine's own timer, read on every
+    :data:`DEVICE_EVERY`-th call; ``null`` on the CPU): a call's wall time beyond it is the
+    host's and the launch's.
+
 Also reported: ``records``, ``bars``, ``event_records`` (the event driver may be timed on the
 first ``--event-records`` records only, a rate being a rate) and the decisions each made.
 """
@@ -44,6 +59,7 @@ from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint
 from agent.model.params import init_params
 from agent.policy.observation import AGENT_FEATURES
 from agent.policy.regime import RegimeTracker
+from agent.trading.decider import Decided, ModelDecider
 from feeds.dbn import iter_mbp10
 from feeds.dbn.framing import concat_mbp10
 from feeds.features import FEATURE_NAMES
@@ -51,6 +67,9 @@ from feeds.features import FEATURE_NAMES
 __all__ = ["add_arguments", "run"]
 
 CHUNKS = 64
+DEVICE_EVERY = 8
+"""A CUDA engine's device time is read on every this-many-th call (reading it costs a few
+microseconds, which the drivers' rates would otherwise carry on every decision)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,28 +97,87 @@ def _checkpoint(config: Config) -> Checkpoint:
     return checkpoint_from_bytes(blob)
 
 
-def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> tuple[float, int, int]:
+class _Timed:
+    """A run's decider with each ``decide`` call timed from outside: its wall time, its rows and,
+    on a CUDA engine, on every :data:`DEVICE_EVERY`-th call the engine's device time."""
+
+    def __init__(self, inner: ModelDecider) -> None:
+        self.inner = inner
+        self.wall_ns: list[int] = []
+        self.device_us: list[float] = []
+        self.rows = 0
+
+    @property
+    def window(self) -> int:
+        return self.inner.window
+
+    def decide(
+        self,
+        slots: np.ndarray[Any, Any],
+        rows: np.ndarray[Any, Any],
+        positions: np.ndarray[Any, Any],
+        regime: np.ndarray[Any, Any],
+        healthy: np.ndarray[Any, Any],
+    ) -> Decided:
+        start = time.perf_counter_ns()
+        decided = self.inner.decide(slots, rows, positions, regime, healthy)
+        self.wall_ns.append(time.perf_counter_ns() - start)
+        self.rows += len(slots)
+        if len(self.wall_ns) % DEVICE_EVERY == 0 and (device := self.inner.engine.device_us()) is not None:
+            self.device_us.append(device)
+        return decided
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def engine_s(self) -> float:
+        """Every call's wall time, summed (seconds)."""
+        return sum(self.wall_ns) / 1e9
+
+    def figures(self, prefix: str) -> dict[str, float | None]:
+        """The median call's wall time and device time (``None`` without a device timer), us."""
+        return {
+            f"{prefix}_decide_us": _median(np.asarray(self.wall_ns) / 1e3),
+            f"{prefix}_device_us": _median(np.asarray(self.device_us)),
+        }
+
+
+def _median(values: np.ndarray[Any, Any]) -> float | None:
+    return round(float(np.median(values)), 2) if values.size else None
+
+
+def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> dict[str, Any]:
     specs = list(config.feeds.instruments)
     start = time.perf_counter()
     bars = load_bars(path, specs, config.feeds, start_ns=0, end_ns=2**62, latency_ms=config.broker.latency_ms)
     frames = [bars.frames[s.symbol] for s in specs]
     regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, [0.0] * len(specs)))
-    elapsed = time.perf_counter() - start
+    load_s = time.perf_counter() - start
     # Built where `tradeagent backtest --fast` builds it (after the bars, so the peak memory is
     # the command's), and, as in _event, its start (device, kernel compilation) not timed.
-    decider = run_decider(checkpoint, config, specs, chunks)
+    decider = _Timed(run_decider(checkpoint, config, specs, chunks))
     try:
         start = time.perf_counter()
         log = run_fast(bars, specs, config, decider, regimes, chunks=chunks).log
-        elapsed += time.perf_counter() - start
+        run_s = time.perf_counter() - start
     finally:
         decider.close()
-    return bars.n_records / elapsed, sum(len(f) for f in frames), int(log.arrays()["ts_ns"].size)
+    engine_s = decider.engine_s()
+    return {
+        "fast_records_per_s": bars.n_records / (load_s + run_s),
+        "bars": sum(len(f) for f in frames),
+        "fast_decisions": int(log.arrays()["ts_ns"].size),
+        "fast_load_s": round(load_s, 3),
+        "fast_steps_s": round(run_s - engine_s, 3),
+        "fast_engine_s": round(engine_s, 3),
+        "fast_rows_per_call": round(decider.rows / max(len(decider.wall_ns), 1), 1),
+        **decider.figures("fast"),
+    }
 
 
-def _event(path: Path, config: Config, checkpoint: Checkpoint) -> tuple[float, int, int]:
+def _event(path: Path, config: Config, checkpoint: Checkpoint) -> dict[str, Any]:
     specs = list(config.feeds.instruments)
-    decider = run_decider(checkpoint, config, specs)
+    decider = _Timed(run_decider(checkpoint, config, specs))
     try:
         with scratch_ledger("tradeagent-bench-") as database:
             driver = EventDriver(config, specs, decider, database, [0.0] * len(specs))
@@ -108,7 +186,14 @@ def _event(path: Path, config: Config, checkpoint: Checkpoint) -> tuple[float, i
             elapsed = time.perf_counter() - start
     finally:
         decider.close()
-    return run.records / elapsed, run.records, int(run.log.arrays()["ts_ns"].size)
+    decisions = int(run.log.arrays()["ts_ns"].size)
+    return {
+        "event_records": run.records,
+        "event_records_per_s": run.records / elapsed,
+        "event_decisions": decisions,
+        "event_host_us": round((elapsed - decider.engine_s()) / max(decisions, 1) * 1e6, 2),
+        **decider.figures("event"),
+    }
 
 
 def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
@@ -122,20 +207,11 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
                 event_path = _prefix(path, Path(tmp) / "prefix.dbn", args.event_records, config)
             reset = _reset_peak_rss()  # the drivers' peak, not the file preparation's
             task = progress.add_task("vectorised driver", total=None)
-            fast_rate, bars, fast_decisions = _fast(path, config, checkpoint, max(1, args.chunks))
+            fast = _fast(path, config, checkpoint, max(1, args.chunks))
             progress.update(task, description="event-driven driver")
-            event_rate, event_records, event_decisions = _event(event_path, config, checkpoint)
+            event = _event(event_path, config, checkpoint)
             peak_mb = _peak_rss_mb(reset)
-    return {
-        "records": args.records,
-        "bars": bars,
-        "event_records": event_records,
-        "event_records_per_s": event_rate,
-        "event_decisions": event_decisions,
-        "fast_records_per_s": fast_rate,
-        "fast_decisions": fast_decisions,
-        "peak_rss_mb": peak_mb,
-    }
+    return {"records": args.records, **event, **fast, "peak_rss_mb": peak_mb}
 
 
 def _prefix(path: Path, out: Path, records: int, config: Config) -> Path:

@@ -25,8 +25,9 @@ Keys:
 ``records_per_s``
     Records the daemon consumed per second of wall time over the run.
 
-Where the time goes: ``decide_p50_ms``/``decide_p99_ms`` (one batched ``InferenceEngine.decide``)
-and ``ledger_p50_ms``/``ledger_p99_ms`` (from an order's placing to its row's commit, queue wait
+Where the time goes: ``decide_p50_ms``/``decide_p99_ms`` (one batched ``InferenceEngine.decide``;
+``decide_rows`` its mean rows, ``decide_device_us`` its median device time on a CUDA engine, else
+``null``) and ``ledger_p50_ms``/``ledger_p99_ms`` (from an order's placing to its row's commit, queue wait
 included: what an order would wait if it were committed before leaving, as orders bound for a
 gateway are). Also: ``orders``, ``decisions``, ``bars_dropped`` (stale or overflowing
 decisions), ``instruments``, ``seconds``, ``device``.
@@ -251,6 +252,8 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
         "decide_p50_ms": _pct(decide, 50),
         "decide_p99_ms": _pct(decide, 99),
         "decide_calls": int(decide.size),
+        "decide_rows": round(probes.rows / max(decide.size, 1), 2),
+        "decide_device_us": round(float(np.median(probes.device_us)), 2) if probes.device_us else None,
         "feed_runs": counts["feed_runs"],
         "ledger_p50_ms": _pct(ledger, 50),
         "ledger_p99_ms": _pct(ledger, 99),
@@ -305,11 +308,14 @@ async def _read_telemetry(
 
 class _Probes:
     """Two public calls of the daemon's process, wrapped for the run: the duration of each
-    ``InferenceEngine.decide`` (one batched decision), and when each order's ledger row was
+    ``InferenceEngine.decide`` (one batched decision), its rows and the engine's device time of
+    it (``InferenceEngine.device_us``, a CUDA engine's), and when each order's ledger row was
     committed (``Ledger.record_orders``, on the daemon's SQL thread)."""
 
     def __init__(self) -> None:
         self.decide_ns: list[int] = []
+        self.rows = 0
+        self.device_us: list[float] = []
         self.committed_ns: dict[str, int] = {}
         """client order id -> wall clock (UNIX ns) when its row's transaction returned."""
 
@@ -317,12 +323,16 @@ class _Probes:
     def installed(self) -> Iterator[None]:
         decide, record_orders = InferenceEngine.decide, Ledger.record_orders
 
-        def timed_decide(engine: InferenceEngine, *args: Any, **kwargs: Any) -> Any:
+        def timed_decide(engine: InferenceEngine, slots: Any, *args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter_ns()
             try:
-                return decide(engine, *args, **kwargs)
+                decided = decide(engine, slots, *args, **kwargs)
             finally:
                 self.decide_ns.append(time.perf_counter_ns() - started)
+            self.rows += int(np.size(slots))
+            if (device := engine.device_us()) is not None:
+                self.device_us.append(device)
+            return decided
 
         def stamped_record_orders(
             ledger: Ledger, rows: Sequence[LedgerOrder], *args: Any, **kwargs: Any

@@ -24,6 +24,8 @@ KEYS = {
     "decide_p50_ms",
     "decide_p99_ms",
     "decide_calls",
+    "decide_rows",
+    "decide_device_us",
     "feed_runs",
     "ledger_p50_ms",
     "ledger_p99_ms",
@@ -53,6 +55,7 @@ def test_bench_daemon_prints_one_json_object_with_its_keys(tmp_path: Path) -> No
     assert result["orders"] > 0 and result["decisions"] >= result["decide_calls"] > 0
     assert 0 < result["p50_ms"] <= result["p99_ms"]
     assert 0 < result["decide_p50_ms"] <= result["decide_p99_ms"]
+    assert 1 <= result["decide_rows"] <= 2 and result["decide_device_us"] is None  # two instruments, CPU
     # Every bar that may trade is timed: at least as many as the orders, at most every decision.
     assert result["orders"] <= result["decision_samples"] <= result["decisions"]
     assert 0 < result["decision_p50_ms"] <= result["decision_p99_ms"]
