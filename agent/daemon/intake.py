@@ -51,7 +51,7 @@ from agent.daemon.metrics import DaemonMetrics
 from agent.execution.venues import Venue
 from feeds.dbn.framing import concat_mbp10
 from feeds.features import BarFrame, IncrementalFeatures
-from feeds.sources import HealthEvent, HealthKind, RecordBatch, Source, SourceEvent
+from feeds.sources import HealthEvent, HealthKind, QueuedSource, RecordBatch, Source, SourceEvent
 
 __all__ = ["INTAKE_BATCHES", "Close", "DecisionQueue", "Intake", "closing_arrivals"]
 
@@ -149,6 +149,8 @@ class Intake(Component):
         self._timer: asyncio.TimerHandle | None = None
         self._inbox: collections.deque[SourceEvent] = collections.deque()
         """A live feed's events received and not yet pushed (see :meth:`_live`)."""
+        self._live_source: QueuedSource | None = None
+        """The source of a live feed (:meth:`_live`), whose queue the inbox takes in."""
         self._ready = asyncio.Event()
         """Set when the inbox has events, the source ended, or a bar is due on the clock."""
         self.clock_ns = 0
@@ -187,6 +189,7 @@ class Intake(Component):
         runs the features' stale checks. Arms the timer for the next boundary."""
         if not self.clock_ns:
             return
+        self._take_ready()  # records received and still queued hold the clock back too
         due = (self.clock_ns if self._inbox else self.feed_now()) - self._grace_ns
         if not force and not (self._interval_ns and due > self._next_close_ns):
             if self._interval_ns and self._timer is None:
@@ -227,6 +230,7 @@ class Intake(Component):
             if self._replay:
                 await self._replay_feed(source)
             else:
+                assert isinstance(source, QueuedSource)  # live sources queue what their transport delivers
                 await self._live(source)
             log.warning("%s: end of data", source.name)
             # The book stands still after the last record: orders still on their way to the paper
@@ -253,15 +257,25 @@ class Intake(Component):
                     await self._settle()
                     await self._queue.decide([frame], [time.time_ns()])
 
-    async def _live(self, source: Source) -> None:
-        """A live feed in coalesced runs: an intake task moves the source's events into an
-        inbox; this task takes the events at its head as one run (:meth:`_next_run`) and pushes
-        each stretch of consecutive record batches through the venue and the features as one
-        array. A NATS message carries a few records, and the per-call costs of the book, bars,
-        features and the paper broker are ~100 us: one call per message cannot keep up with
-        10k records/s, one call per run can. Health events are handled in their place between
-        runs; after each run the bars due on the clock close (:meth:`_close_due`)."""
+    async def _live(self, source: QueuedSource) -> None:
+        """A live feed in coalesced runs: this task takes the events at the head of an inbox as
+        one run (:meth:`_next_run`) and pushes each stretch of consecutive record batches
+        through the venue and the features as one array. A NATS message carries a few records,
+        and the per-call costs of the book, bars, features and the paper broker are ~100 us:
+        one call per message cannot keep up with 10k records/s, one call per run can. Health
+        events are handled in their place between runs; after each run the bars due on the
+        clock close (:meth:`_close_due`).
+
+        The source wakes this task as it queues an event (:meth:`QueuedSource.notify`), and the
+        task takes what is queued into the inbox itself (:meth:`_take_ready`): a closing record
+        reaches the features in the pass of the event loop after the one that received it. (An
+        intake task that moved the events into the inbox cost two more passes, each holding
+        whatever else the loop had ready, such as the next transport read.) An intake task
+        still waits on the source for what only waiting gives: the end of the data, a failure,
+        and a stale feed's health event."""
         inbox, ready = self._inbox, self._ready
+        self._live_source = source
+        source.notify(ready.set)
         intake = asyncio.get_running_loop().create_task(_inbox(source, inbox, ready), name="inbox")
         try:
             while not (intake.done() and not inbox):
@@ -281,6 +295,7 @@ class Intake(Component):
                 self._close_due()
             intake.result()  # the source's failure, if it failed
         finally:
+            source.notify(None)
             intake.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await intake
@@ -288,38 +303,36 @@ class Intake(Component):
     async def _next_run(self, inbox: collections.deque[SourceEvent], intake: asyncio.Task[None]) -> int:
         """How many events at the head of ``inbox`` form the next run.
 
-        The intake moves every event the source has ready per pass of the loop (what one
-        transport read delivered, :meth:`~feeds.sources.Source.next_events`): the run waits
-        while passes bring more, up to :data:`INTAKE_BATCHES` events, or until the inbox holds
-        a batch closing the bar of every instrument. Once a batch that closes a bar is seen,
-        the run waits only for the batches received before that moment (already taken from
-        the transport): the first batch received after it ends the wait, so that no bar's
-        decision waits for records still to come (those of other instruments whose bars close
-        later are decided in the next round). A run that closes bars ends with the last batch
-        that closes one: the batches behind it wait for the next run, processed once the
-        decision task took the bars (one batched decision for the instruments whose bars
-        closed together). Where a run ends never changes the bars."""
+        The run sees every record received up to now (the source's queue is taken into the
+        inbox first). Without a batch that closes a bar it waits while passes of the loop bring
+        more, up to :data:`INTAKE_BATCHES` events. A batch that closes a bar ends the wait at
+        once: no bar's decision waits for records still to come, nor for another pass of the
+        loop (those of other instruments whose bars close later are decided in the next round).
+        A run that closes bars ends with the last batch that closes one: the batches behind it
+        wait for the next run, processed once the decision task took the bars (one batched
+        decision for the instruments whose bars closed together). Where a run ends never
+        changes the bars."""
         pending: collections.Counter[int] = collections.Counter()
-        closed: set[int] = set()
-        scanned = closing = seen_ns = 0
+        scanned = closing = 0
+        self._take_ready()
         while True:
             for k in range(scanned, len(inbox)):
                 event = inbox[k]
-                if not isinstance(event, RecordBatch):
-                    continue
-                if seen_ns and event.received_ns > seen_ns:
-                    return closing
-                if ids := self._features.closing(event.records, pending):
+                if isinstance(event, RecordBatch) and self._features.closing(event.records, pending):
                     closing = k + 1
-                    closed.update(ids)
-                    seen_ns = seen_ns or time.time_ns()
             scanned = len(inbox)
-            if len(closed) == len(self._features.by_id) or scanned >= INTAKE_BATCHES or intake.done():
+            if closing or scanned >= INTAKE_BATCHES or intake.done():
                 break
             await asyncio.sleep(0)
+            self._take_ready()
             if len(inbox) == scanned:
                 break
         return closing or scanned
+
+    def _take_ready(self) -> None:
+        """A live feed: the events its source has queued, moved into the inbox now."""
+        if self._live_source is not None:
+            self._inbox.extend(self._live_source.take_ready())
 
     def _on_run(self, run: list[RecordBatch]) -> None:
         """Consecutive record batches as one array; each bar they close is measured from the

@@ -34,7 +34,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Literal
 
@@ -246,6 +246,11 @@ class QueuedSource(Source):
     dropped and counted. Producers call :meth:`_emit_records` / :meth:`_emit_health` /
     :meth:`_finish` on the event loop; producers on other threads hop onto it first (see
     :class:`feeds.sources.thread_bridge.ThreadBridge`).
+
+    Besides waiting for events (:meth:`next`, :meth:`next_events`), a consumer may take what is
+    queued without waiting (:meth:`take_ready`) and be told, in the producer's own callback, each
+    time an event is queued (:meth:`notify`): the daemon's intake so sees a record in the pass of
+    the event loop that received it, not passes later.
     """
 
     def __init__(
@@ -267,6 +272,25 @@ class QueuedSource(Source):
         self._room = asyncio.Event()
         self._dropping = 0
         self._stale = False
+        self._on_queued: Callable[[], None] | None = None
+
+    def notify(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` (on the loop, from the producer's callback: it must not block)
+        whenever an event is queued; ``None`` stops it."""
+        self._on_queued = callback
+
+    def take_ready(self) -> list[SourceEvent]:
+        """Every event queued now, in order, without waiting: none when the queue is empty or
+        holds only the end (which :meth:`next` returns, or raises when the producer failed)."""
+        events: list[SourceEvent] = []
+        items = self._items
+        while items and not isinstance(item := items[0], _End):
+            items.popleft()
+            if isinstance(item, RecordBatch):
+                self._queued_batches -= 1
+                self._room.set()
+            events.append(item)
+        return events
 
     async def _wait_for_room(self) -> None:
         """Wait until the queue can take a batch (for producers that can apply back-pressure,
@@ -323,6 +347,8 @@ class QueuedSource(Source):
     def _push(self, item: SourceEvent | _End) -> None:
         self._items.append(item)
         self._wakeup.set()
+        if self._on_queued is not None:
+            self._on_queued()
 
     async def _next(self) -> SourceEvent | None:
         # Yield to the loop on every call: a consumer that never waits (the queue is full) must
@@ -359,12 +385,4 @@ class QueuedSource(Source):
         first = await self.next()
         if first is None:
             return []
-        events = [first]
-        items = self._items
-        while items and not isinstance(item := items[0], _End):
-            items.popleft()
-            if isinstance(item, RecordBatch):
-                self._queued_batches -= 1
-                self._room.set()
-            events.append(item)
-        return events
+        return [first, *self.take_ready()]

@@ -187,6 +187,33 @@ async def test_queued_source_hands_over_every_ready_event_at_once_and_the_end_af
     assert await source.next_events() == []
 
 
+async def test_queued_source_tells_as_it_queues_and_hands_over_what_is_queued_without_waiting() -> None:
+    source = _PushSource("push", max_batches=2, stale_after_s=60)
+    await source.start()
+    told: list[int] = []
+    source.notify(lambda: told.append(len(source._items)))  # called with the event already queued
+    records = feed_records(3)
+    assert source.take_ready() == []
+    source._emit_records(records[:2])
+    source._emit_health(HealthEvent(HealthKind.GAP, 1))
+    assert told == [1, 2]
+    taken = source.take_ready()
+    assert [type(e).__name__ if isinstance(e, RecordBatch) else e.kind for e in taken] == [
+        "RecordBatch",
+        HealthKind.GAP,
+    ]
+    assert source._queued_batches == 0  # room for two batches again: neither is dropped
+    assert source._emit_records(records[2:4]) and source._emit_records(records[4:])
+    source.notify(None)
+    source._finish(FeedError("session lost"))
+    assert told == [1, 2, 1, 2]
+    assert len(source.take_ready()) == 2
+    assert source.take_ready() == []  # the end stays for next(), which raises it
+    with pytest.raises(FeedError, match="session lost"):
+        await source.next()
+    await source.stop()
+
+
 async def test_thread_bridge_batches_records_from_another_thread_and_counts_drops() -> None:
     loop = asyncio.get_running_loop()
     drained: list[tuple[bytes, int, int]] = []
