@@ -22,6 +22,7 @@ round the risk guard checks the loss limits on the feed clock
 Every decision is counted (by instrument and action); each bar that may trade is published on
 the telemetry socket (topic ``decision``, with ``latency_ns`` from the arrival of its closing
 record to the decision taken); the health of each instrument's last bar is kept for the status.
+A round's orders leave before its counts and telemetry: nothing they send waits for them.
 """
 
 from __future__ import annotations
@@ -136,32 +137,38 @@ class Decisions(Component):
             await self._inference_failed(exc)
             return
         decided = step.decided
-        regime = regime_clamp(step.regime, self._scale_floor)
         now = time.time_ns()
         stopping = self._intake.state is not State.RUNNING
         blocked = bool(self._events.halts) or stopping or self._guard.flattening
         orders: list[NewOrder] = []
         arrivals: list[int] = []
-        for j, (iid, (_, r, close)) in enumerate(batch):
-            action = int(decided.action[j])
-            self._metrics.decision(self._symbols[iid], _ACTIONS[action])
+        traded: list[int] = []  # the rows that may trade (their telemetry follows the orders)
+        for j, (iid, (_, _, close)) in enumerate(batch):
             if iid not in last or not decided.valid[j]:
                 continue
             if now - close.arrival_ns > self._stale_ns:
                 self._metrics.dropped("stale_decision")
                 continue
+            traded.append(j)
             order = trading.order_for(
                 closes[j], int(decided.target[j]), now_ns=self._intake.clock_ns, blocked=blocked, wall_ns=now
             )
             if order is not None:
                 orders.append(order)
                 arrivals.append(close.arrival_ns)
+        if orders:  # the orders leave first; the round's counts and telemetry come after them
+            self._placement.place(orders, arrivals)
+        for j, (iid, _) in enumerate(batch):
+            self._metrics.decision(self._symbols[iid], _ACTIONS[int(decided.action[j])])
+        regime = regime_clamp(step.regime, self._scale_floor)
+        for j in traded:
+            iid, (_, r, close) = batch[j]
             self._events.publish(
                 "decision",
                 {
                     "instrument": self._symbols[iid],
                     "ts_close": int(close.frame.ts_close[r]),
-                    "action": action,
+                    "action": int(decided.action[j]),
                     "target": int(decided.target[j]),
                     "size": float(decided.size[j]),
                     "regime": float(regime[j]),
@@ -169,8 +176,6 @@ class Decisions(Component):
                     "latency_ns": now - close.arrival_ns,
                 },
             )
-        if orders:
-            self._placement.place(orders, arrivals)
 
     async def _inference_failed(self, exc: InferenceError) -> None:
         self._metrics.count("inference_failures")
