@@ -152,7 +152,8 @@ class Intake(Component):
         self._live_source: QueuedSource | None = None
         """The source of a live feed (:meth:`_live`), whose queue the inbox takes in."""
         self._ready = asyncio.Event()
-        """Set when the inbox has events, the source ended, or a bar is due on the clock."""
+        """Set when the source queued events or the inbox has some, the source ended, or a bar is
+        due on the clock."""
         self.clock_ns = 0
         """Latest ``ts_recv`` seen (the feed's clock, UNIX ns)."""
         self._wall_ns = 0
@@ -296,6 +297,7 @@ class Intake(Component):
             intake.result()  # the source's failure, if it failed
         finally:
             source.notify(None)
+            self._live_source = None
             intake.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await intake
