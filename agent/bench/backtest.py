@@ -17,8 +17,8 @@ weights) served on the configured device, with the configured policy, bars and b
     the process's peak resident memory while the two drivers ran (MiB; Linux resets the peak
     after the benchmark file is prepared, elsewhere the whole process's peak).
 
-Where each driver's time goes, from its decider's calls timed from outside (:class:`_Timed`,
-the same decider wrapped for the run):
+Where each driver's time goes, from its engine's calls timed from outside
+(:class:`~agent.bench.probes.EngineCalls`):
 
 ``event_decide_us``, ``event_host_us``
     the median engine call (one bar close a call) and the driver's own time a decision (its
@@ -54,12 +54,12 @@ from agent.backtest.event import EventDriver
 from agent.backtest.fast import load_bars, regime_path, run_fast
 from agent.backtest.runs import run_decider, scratch_ledger
 from agent.bench.feed import feed_file, write_records
+from agent.bench.probes import EngineCalls
 from agent.config import Config
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
 from agent.model.params import init_params
 from agent.policy.observation import AGENT_FEATURES
 from agent.policy.regime import RegimeTracker
-from agent.trading.decider import Decided, ModelDecider
 from feeds.dbn import iter_mbp10
 from feeds.dbn.framing import concat_mbp10
 from feeds.features import FEATURE_NAMES
@@ -68,8 +68,7 @@ __all__ = ["add_arguments", "run"]
 
 CHUNKS = 64
 DEVICE_EVERY = 8
-"""A CUDA engine's device time is read on every this-many-th call (reading it costs a few
-microseconds, which the drivers' rates would otherwise carry on every decision)."""
+"""A CUDA engine's device time is read on every this-many-th call (:class:`EngineCalls`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,55 +96,6 @@ def _checkpoint(config: Config) -> Checkpoint:
     return checkpoint_from_bytes(blob)
 
 
-class _Timed:
-    """A run's decider with each ``decide`` call timed from outside: its wall time, its rows and,
-    on a CUDA engine, on every :data:`DEVICE_EVERY`-th call the engine's device time."""
-
-    def __init__(self, inner: ModelDecider) -> None:
-        self.inner = inner
-        self.wall_ns: list[int] = []
-        self.device_us: list[float] = []
-        self.rows = 0
-
-    @property
-    def window(self) -> int:
-        return self.inner.window
-
-    def decide(
-        self,
-        slots: np.ndarray[Any, Any],
-        rows: np.ndarray[Any, Any],
-        positions: np.ndarray[Any, Any],
-        regime: np.ndarray[Any, Any],
-        healthy: np.ndarray[Any, Any],
-    ) -> Decided:
-        start = time.perf_counter_ns()
-        decided = self.inner.decide(slots, rows, positions, regime, healthy)
-        self.wall_ns.append(time.perf_counter_ns() - start)
-        self.rows += len(slots)
-        if len(self.wall_ns) % DEVICE_EVERY == 0 and (device := self.inner.engine.device_us()) is not None:
-            self.device_us.append(device)
-        return decided
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def engine_s(self) -> float:
-        """Every call's wall time, summed (seconds)."""
-        return sum(self.wall_ns) / 1e9
-
-    def figures(self, prefix: str) -> dict[str, float | None]:
-        """The median call's wall time and device time (``None`` without a device timer), us."""
-        return {
-            f"{prefix}_decide_us": _median(np.asarray(self.wall_ns) / 1e3),
-            f"{prefix}_device_us": _median(np.asarray(self.device_us)),
-        }
-
-
-def _median(values: np.ndarray[Any, Any]) -> float | None:
-    return round(float(np.median(values)), 2) if values.size else None
-
-
 def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> dict[str, Any]:
     specs = list(config.feeds.instruments)
     start = time.perf_counter()
@@ -155,14 +105,16 @@ def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> di
     load_s = time.perf_counter() - start
     # Built where `tradeagent backtest --fast` builds it (after the bars, so the peak memory is
     # the command's), and, as in _event, its start (device, kernel compilation) not timed.
-    decider = _Timed(run_decider(checkpoint, config, specs, chunks))
+    decider = run_decider(checkpoint, config, specs, chunks)
+    calls = EngineCalls(DEVICE_EVERY)
     try:
-        start = time.perf_counter()
-        log = run_fast(bars, specs, config, decider, regimes, chunks=chunks).log
-        run_s = time.perf_counter() - start
+        with calls.installed():
+            start = time.perf_counter()
+            log = run_fast(bars, specs, config, decider, regimes, chunks=chunks).log
+            run_s = time.perf_counter() - start
     finally:
         decider.close()
-    engine_s = decider.engine_s()
+    engine_s = calls.wall_s()
     return {
         "fast_records_per_s": bars.n_records / (load_s + run_s),
         "bars": sum(len(f) for f in frames),
@@ -170,16 +122,18 @@ def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> di
         "fast_load_s": round(load_s, 3),
         "fast_steps_s": round(run_s - engine_s, 3),
         "fast_engine_s": round(engine_s, 3),
-        "fast_rows_per_call": round(decider.rows / max(len(decider.wall_ns), 1), 1),
-        **decider.figures("fast"),
+        "fast_rows_per_call": round(calls.rows_per_call(), 1),
+        "fast_decide_us": calls.median_wall_us(),
+        "fast_device_us": calls.median_device_us(),
     }
 
 
 def _event(path: Path, config: Config, checkpoint: Checkpoint) -> dict[str, Any]:
     specs = list(config.feeds.instruments)
-    decider = _Timed(run_decider(checkpoint, config, specs))
+    decider = run_decider(checkpoint, config, specs)
+    calls = EngineCalls(DEVICE_EVERY)
     try:
-        with scratch_ledger("tradeagent-bench-") as database:
+        with scratch_ledger("tradeagent-bench-") as database, calls.installed():
             driver = EventDriver(config, specs, decider, database, [0.0] * len(specs))
             start = time.perf_counter()
             run = asyncio.run(driver.replay(path, 0, 2**62))
@@ -191,8 +145,9 @@ def _event(path: Path, config: Config, checkpoint: Checkpoint) -> dict[str, Any]
         "event_records": run.records,
         "event_records_per_s": run.records / elapsed,
         "event_decisions": decisions,
-        "event_host_us": round((elapsed - decider.engine_s()) / max(decisions, 1) * 1e6, 2),
-        **decider.figures("event"),
+        "event_host_us": round((elapsed - calls.wall_s()) / max(decisions, 1) * 1e6, 2),
+        "event_decide_us": calls.median_wall_us(),
+        "event_device_us": calls.median_device_us(),
     }
 
 

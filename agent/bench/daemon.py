@@ -56,12 +56,12 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from agent.bench.probes import EngineCalls
 from agent.config import Config
 from agent.control.endpoints import telemetry_endpoint
 from agent.daemon.app import Daemon
 from agent.daemon.lifecycle import State
 from agent.errors import AgentError
-from agent.gpu.engine import InferenceEngine
 from agent.model.checkpoint import checkpoint_to_bytes
 from agent.model.config import ModelConfig
 from agent.model.params import init_params, layout_fingerprint, param_shapes
@@ -236,7 +236,7 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
     if latencies.size == 0:
         raise AgentError("the daemon sent no order during the benchmark; no latency to report")
     decisions = np.array([d["latency_ns"] for d in decided], dtype=np.float64) / 1e6
-    decide = np.array(probes.decide_ns, dtype=np.float64) / 1e6
+    decide = np.array(probes.decide.wall_ns, dtype=np.float64) / 1e6
     committed = probes.committed_ns
     waits = [
         committed[o["client_order_id"]] - o["sent_ns"] for o in sent if o["client_order_id"] in committed
@@ -252,8 +252,8 @@ async def _measure(config: Config, root: Path, feed: Path, total: int) -> dict[s
         "decide_p50_ms": _pct(decide, 50),
         "decide_p99_ms": _pct(decide, 99),
         "decide_calls": int(decide.size),
-        "decide_rows": round(probes.rows / max(decide.size, 1), 2),
-        "decide_device_us": round(float(np.median(probes.device_us)), 2) if probes.device_us else None,
+        "decide_rows": round(probes.decide.rows_per_call(), 2),
+        "decide_device_us": probes.decide.median_device_us(),
         "feed_runs": counts["feed_runs"],
         "ledger_p50_ms": _pct(ledger, 50),
         "ledger_p99_ms": _pct(ledger, 99),
@@ -307,32 +307,19 @@ async def _read_telemetry(
 
 
 class _Probes:
-    """Two public calls of the daemon's process, wrapped for the run: the duration of each
-    ``InferenceEngine.decide`` (one batched decision), its rows and the engine's device time of
-    it (``InferenceEngine.device_us``, a CUDA engine's), and when each order's ledger row was
-    committed (``Ledger.record_orders``, on the daemon's SQL thread)."""
+    """Two public calls of the daemon's process, wrapped for the run: each
+    ``InferenceEngine.decide`` (one batched decision: :class:`~agent.bench.probes.EngineCalls`,
+    its device time read on every call), and when each order's ledger row was committed
+    (``Ledger.record_orders``, on the daemon's SQL thread)."""
 
     def __init__(self) -> None:
-        self.decide_ns: list[int] = []
-        self.rows = 0
-        self.device_us: list[float] = []
+        self.decide = EngineCalls()
         self.committed_ns: dict[str, int] = {}
         """client order id -> wall clock (UNIX ns) when its row's transaction returned."""
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        decide, record_orders = InferenceEngine.decide, Ledger.record_orders
-
-        def timed_decide(engine: InferenceEngine, slots: Any, *args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter_ns()
-            try:
-                decided = decide(engine, slots, *args, **kwargs)
-            finally:
-                self.decide_ns.append(time.perf_counter_ns() - started)
-            self.rows += int(np.size(slots))
-            if (device := engine.device_us()) is not None:
-                self.device_us.append(device)
-            return decided
+        record_orders = Ledger.record_orders
 
         def stamped_record_orders(
             ledger: Ledger, rows: Sequence[LedgerOrder], *args: Any, **kwargs: Any
@@ -343,14 +330,12 @@ class _Probes:
                 self.committed_ns[row.client_order_id] = now
             return result
 
-        with contextlib.ExitStack() as stack:
-            for owner, name, wrapper in (
-                (InferenceEngine, "decide", timed_decide),
-                (Ledger, "record_orders", stamped_record_orders),
-            ):
-                stack.callback(setattr, owner, name, getattr(owner, name))
-                setattr(owner, name, wrapper)
-            yield
+        Ledger.record_orders = stamped_record_orders  # type: ignore[method-assign,assignment]
+        try:
+            with self.decide.installed():
+                yield
+        finally:
+            Ledger.record_orders = record_orders  # type: ignore[method-assign]
 
 
 def _pct(values: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float | None:
