@@ -41,7 +41,6 @@ __all__ = [
     "slippage_vs_mid",
     "step_pnl_ticks",
     "to_currency",
-    "unrealised",
     "walk_book",
 ]
 
@@ -261,12 +260,6 @@ def apply_fills(positions: PositionArrays, qty: Array, price: Array) -> Position
     new_avg = xp.where(increasing, averaged, xp.where(size > held, p, avg))
     new_avg = xp.where(flat, xp.where(none, avg, 0.0), new_avg)
     return PositionArrays(new_pos, new_avg, realised)
-
-
-def unrealised(positions: PositionArrays, mark: Array) -> Array:
-    """Open P&L at ``mark`` (price unit x contracts): ``position * (mark - avg_price)``."""
-    xp = array_module(positions.position, mark)
-    return xp.where(positions.position != 0, positions.position * (mark - positions.avg_price), 0.0)
 
 
 def to_currency(pnl_px: Array, tick_size: float, tick_value: float) -> Array:

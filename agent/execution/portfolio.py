@@ -3,16 +3,20 @@
 One :class:`~agent.execution.fills.PositionArrays` entry per configured instrument, in 1e-9
 fixed-point price units; :meth:`Portfolio.apply` books one fill (the caller has written it to the SQL
 ledger first). Currency figures use each instrument's tick size and tick value.
+
+Every decision round reads the positions, the entry prices and the unrealised P&L (the
+observation rows, the order sizes, the risk check), while fills are rare: the state is also
+held as Python numbers, refreshed when a fill or a restore changes it, and the reads run on
+them (the same float64 arithmetic as the array functions, without a NumPy call per value).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
-from agent.execution.fills import PositionArrays, apply_fills, to_currency, unrealised
+from agent.execution.fills import PositionArrays, apply_fills, to_currency
 from agent.execution.protocol import Fill
 from feeds.config import InstrumentSpec
 from feeds.records import PRICE_SCALE
@@ -25,10 +29,14 @@ class Portfolio:
 
     def __init__(self, instruments: Sequence[InstrumentSpec]) -> None:
         self._index = {spec.instrument_id: i for i, spec in enumerate(instruments)}
+        self._ids = [spec.instrument_id for spec in instruments]
         n = len(instruments)
         self._tick_px = [spec.tick_size * PRICE_SCALE for spec in instruments]
         self._tick_value = [spec.tick_value for spec in instruments]
         self._state = PositionArrays.flat(n)
+        self._held: list[int] = [0] * n
+        self._entry: list[float] = [0.0] * n
+        """:attr:`_state`'s positions and average prices as Python numbers (:meth:`_mirror`)."""
         self._fees = np.zeros(n)
         self._realised: float | None = None
         """:meth:`realised`, computed once per change of the books (it is read every round)."""
@@ -45,6 +53,7 @@ class Portfolio:
         qty[i] = fill.qty if fill.side == "buy" else -fill.qty
         price[i] = fill.price
         self._state = apply_fills(self._state, qty, price)
+        self._mirror()
         self._fees[i] += fill.fee
         self._realised = None
         self.fills += 1
@@ -57,45 +66,46 @@ class Portfolio:
         pos, avg, real = (np.array(a, copy=True) for a in self._state)
         pos[i], avg[i], real[i] = position, avg_price, realised_px
         self._state = PositionArrays(pos, avg, real)
+        self._mirror()
         self._fees[i] = fees
         self._realised = None
 
+    def _mirror(self) -> None:
+        """Refresh the Python copies of the positions and average prices after a change."""
+        self._held = [int(q) for q in self._state.position.tolist()]
+        self._entry = self._state.avg_price.tolist()
+
     def position(self, instrument_id: int) -> int:
-        return int(self._state.position[self._index[instrument_id]])
+        return self._held[self._index[instrument_id]]
 
     def positions(self) -> dict[int, int]:
-        return {iid: int(self._state.position[i]) for iid, i in self._index.items()}
+        return dict(zip(self._ids, self._held, strict=True))
 
     def avg_price(self, instrument_id: int) -> float:
-        return float(self._state.avg_price[self._index[instrument_id]])
+        return self._entry[self._index[instrument_id]]
 
     def realised(self) -> float:
         """Realised P&L net of fees, account currency."""
         if self._realised is None:
-            self._realised = self._currency(self._state.realised_px) - float(self._fees.sum())
+            self._realised = self._currency(self._state.realised_px.tolist()) - float(self._fees.sum())
         return self._realised
 
     def unrealised(self, marks: Mapping[int, float]) -> float:
         """Open P&L at the given marks (instrument id -> fixed-point price), account currency.
-        Instruments without a mark count as zero."""
-        mark = self._state.avg_price.copy()
-        for iid, price in marks.items():
-            i = self._index.get(iid)
-            if i is not None:
-                mark[i] = price
-        return self._currency(unrealised(self._state, mark))
+        Instruments without a mark count as zero.
 
-    def _currency(self, pnl_px: np.ndarray[Any, np.dtype[np.float64]]) -> float:
+        :func:`~agent.execution.fills.unrealised` of each instrument on Python floats (a flat
+        one is 0 whatever its mark), summed as :meth:`_currency` sums."""
+        pnl = [
+            q * (marks.get(iid, avg) - avg) if q else 0.0
+            for iid, q, avg in zip(self._ids, self._held, self._entry, strict=True)
+        ]
+        return self._currency(pnl)
+
+    def _currency(self, pnl_px: Sequence[float]) -> float:
         """The sum over instruments of :func:`to_currency` (on Python floats: the same float64
         arithmetic without a NumPy scalar per instrument)."""
         return sum(
             float(to_currency(pnl, tick, value))
-            for pnl, tick, value in zip(pnl_px.tolist(), self._tick_px, self._tick_value, strict=True)
+            for pnl, tick, value in zip(pnl_px, self._tick_px, self._tick_value, strict=True)
         )
-
-    def unrealised_of(self, instrument_id: int, mark: float) -> float:
-        """Open P&L of one instrument at ``mark`` (fixed-point price), account currency."""
-        i = self._index[instrument_id]
-        one = PositionArrays(*(a[i : i + 1] for a in self._state))
-        pnl = unrealised(one, np.array([mark], dtype=np.float64))
-        return float(to_currency(pnl, self._tick_px[i], self._tick_value[i])[0])

@@ -3,10 +3,12 @@
 A row is the bar's market features (:data:`feeds.features.FEATURE_NAMES`) followed by the
 :data:`AGENT_FEATURES` columns of :func:`agent_features`: the one definition of those columns.
 The training environment (:mod:`agent.train.env`) builds its windows with it from the price its
-execution model filled at; the daemon, both backtest drivers and the trainer's as-traded
-evaluation build their rows with :func:`observation_rows` from the ledger's average fill price
-(:mod:`agent.trading.step`), so a position (and the spread paid to open it) looks the same to
-the model in training and in trading.
+execution model filled at; the vectorised backtest builds its rows with :func:`observation_rows`
+from its positions' average fill price, and the trading step (:mod:`agent.trading.step`: the
+daemon, the event-driven backtest and the trainer's as-traded evaluation) from the ledger's,
+one row at a time with :func:`agent_feature_values` (the same arithmetic on Python floats: a
+NumPy call costs more than one row's arithmetic). So a position (and the spread paid to open
+it) looks the same to the model in training and in trading.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy.typing as npt
 
 from agent.model.arrays import Array
 
-__all__ = ["AGENT_FEATURES", "UPNL_CLIP", "agent_features", "observation_rows"]
+__all__ = ["AGENT_FEATURES", "UPNL_CLIP", "agent_feature_values", "agent_features", "observation_rows"]
 
 AGENT_FEATURES: tuple[str, ...] = ("agent_position", "agent_unrealised")
 UPNL_CLIP = 5.0
@@ -49,6 +51,25 @@ def agent_features(
     out[..., 0] = unit
     out[..., 1] = upnl
     return out
+
+
+def agent_feature_values(
+    position: int, entry_ticks: float, mark_ticks: float, reward_scale: float
+) -> tuple[float, float]:
+    """:func:`agent_features` of one row on Python numbers: the same float64 operations in the
+    same order (the sign, the difference, the product, the clip; NaN kept), so the values
+    written into a float32 row are bit for bit those of the array form (the tests hold the two
+    together)."""
+    unit = float((position > 0) - (position < 0))
+    if not unit:
+        return unit, 0.0
+    upnl = unit * (mark_ticks - entry_ticks)
+    upnl *= reward_scale
+    if upnl > UPNL_CLIP:  # NaN fails both comparisons and stays NaN, as in np.minimum/np.maximum
+        upnl = UPNL_CLIP
+    elif upnl < -UPNL_CLIP:
+        upnl = -UPNL_CLIP
+    return unit, upnl
 
 
 def observation_rows(

@@ -108,18 +108,22 @@ class RiskLimits:
 
     def breach(self, equity: float, now_ns: int) -> str | None:
         """Update the day and peak with ``equity`` (currency); the breach reason, or None."""
+        day_loss, drawdown = self.observe(equity, now_ns)
+        if day_loss >= self.config.max_daily_loss:
+            return f"daily loss {day_loss:,.2f} >= max_daily_loss {self.config.max_daily_loss:,.2f}"
+        if drawdown >= self.config.max_drawdown:
+            return f"drawdown {drawdown:,.2f} >= max_drawdown {self.config.max_drawdown:,.2f}"
+        return None
+
+    def observe(self, equity: float, now_ns: int) -> tuple[float, float]:
+        """Update the day and peak with ``equity`` (currency); the day's loss and the drawdown
+        (what :meth:`breach` judges; a caller already halted only follows them)."""
         day = now_ns // _DAY_NS
         if day != self._day:
             self._day = day
             self._day_start_equity = equity
         self._peak = max(self._peak, equity)
-        day_loss = self._day_start_equity - equity
-        if day_loss >= self.config.max_daily_loss:
-            return f"daily loss {day_loss:,.2f} >= max_daily_loss {self.config.max_daily_loss:,.2f}"
-        drawdown = self._peak - equity
-        if drawdown >= self.config.max_drawdown:
-            return f"drawdown {drawdown:,.2f} >= max_drawdown {self.config.max_drawdown:,.2f}"
-        return None
+        return self._day_start_equity - equity, self._peak - equity
 
     def start(self, equity: float, now_ns: int) -> None:
         """Set the day's and the peak's reference at session start (restored equity)."""

@@ -9,8 +9,8 @@ together.
 A step, for the bars that closed together (one per instrument):
 
 1. the regime trackers advance with each tradable bar's mid log-return (NaN keeps the state);
-2. the observation rows are built (:func:`agent.policy.observation.observation_rows`) from the
-   bar's features and the instrument's position and entry price;
+2. the observation rows are built from the bar's features and the instrument's position and
+   entry price (:func:`agent.policy.observation.agent_feature_values`, row by row);
 3. the decider picks the action (``policy.selection``) and sizes it (Kelly x regime, the
    instrument's round-trip cost: :mod:`agent.policy.kelly`), one batched call;
 4. :meth:`TradingStep.order_for` turns a valid target into an order: none while blocked (a halt,
@@ -46,7 +46,7 @@ from agent.config import Config
 from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import CancelOrder, NewOrder, Side
-from agent.policy.observation import observation_rows
+from agent.policy.observation import AGENT_FEATURES, agent_feature_values
 from agent.policy.regime import RegimeTracker
 from agent.trading.decider import Decided, Decider
 from agent.trading.risk import RiskLimits
@@ -108,7 +108,8 @@ class TradingStep:
         self.config = config
         self.specs = list(specs)
         self.slot = {s.instrument_id: i for i, s in enumerate(self.specs)}
-        self.tick_px = np.asarray([float(tick_fixed(s.tick_size)) for s in self.specs])
+        self._tick_px = [float(tick_fixed(s.tick_size)) for s in self.specs]
+        """Tick per instrument index in 1e-9 fixed point (entry prices in ticks)."""
         self._tick_fixed = {s.instrument_id: tick_fixed(s.tick_size) for s in self.specs}
         """Tick per instrument id, as the Python int the record rules take (:meth:`book_ok`)."""
         self.regime = RegimeTracker(config.regime, config.policy.scale_floor, list(floors))
@@ -149,24 +150,20 @@ class TradingStep:
         slots = self._slots(closes)
         scale = self._track(closes, slots)
         portfolio = self.portfolio
-        features = np.empty((len(closes), len(FEATURE_NAMES)), dtype=np.float32)
-        held, entry, mid, healthy = [], [], [], []
-        for j, close in enumerate(closes):
+        n_market = len(FEATURE_NAMES)
+        rows = np.empty((len(closes), n_market + len(AGENT_FEATURES)), dtype=np.float32)
+        held, agent, healthy = [], [], []
+        reward_scale = self.config.train.reward_scale
+        for j, (i, close) in enumerate(zip(slots.tolist(), closes, strict=True)):
             frame, r, iid = close.frame, close.row, close.frame.instrument_id
-            features[j] = frame.features[r]
-            held.append(portfolio.position(iid))
-            entry.append(portfolio.avg_price(iid))
-            mid.append(frame.mid_ticks[r])
+            rows[j, :n_market] = frame.features[r]
+            position = portfolio.position(iid)
+            held.append(position)
+            entry_ticks = portfolio.avg_price(iid) / self._tick_px[i]
+            agent.append(agent_feature_values(position, entry_ticks, float(frame.mid_ticks[r]), reward_scale))
             healthy.append(bool(frame.tradable[r]))
+        rows[:, n_market:] = agent
         positions = np.asarray(held, dtype=np.int64)
-        rows = observation_rows(
-            features,
-            positions=positions,
-            entry_px=np.asarray(entry, dtype=np.float64),
-            mid_ticks=np.asarray(mid, dtype=np.float64),
-            tick_px=self.tick_px[slots],
-            reward_scale=self.config.train.reward_scale,
-        )
         decided = decider.decide(slots, rows, positions, scale, np.asarray(healthy))
         return Step(slots=slots, decided=decided, regime=scale, positions=positions)
 
@@ -263,8 +260,10 @@ class TradingStep:
         replay or a backtest): the daily loss and drawdown of :meth:`equity` against the limits.
         Returns the breach the caller acts on (flatten and latch a risk halt), or None: none, or
         a risk halt already ``latched`` (the day and the peak still follow the equity)."""
-        breach = self.risk.breach(self.equity(), now_ns)
-        return None if latched else breach
+        if latched:
+            self.risk.observe(self.equity(), now_ns)
+            return None
+        return self.risk.breach(self.equity(), now_ns)
 
     def flatten(self, now_ns: int, wall_ns: int = 0) -> list[NewOrder] | None:
         """One flatten step: cancel the open orders first (an empty list: wait for their

@@ -13,7 +13,6 @@ from agent.execution.fills import (
     slippage_vs_mid,
     step_pnl_ticks,
     to_currency,
-    unrealised,
     walk_book,
 )
 from feeds.records import PRICE_SCALE, UNDEF_PRICE
@@ -86,7 +85,6 @@ def test_positions_open_add_reduce_flip_close() -> None:
     led = apply_fills(led, np.array([2.0]), np.array([100.0]))
     led = apply_fills(led, np.array([1.0]), np.array([103.0]))  # avg (200 + 103) / 3 = 101
     assert led.position[0] == 3 and led.avg_price[0] == pytest.approx(101.0)
-    assert unrealised(led, np.array([102.0]))[0] == pytest.approx(3.0)
     led = apply_fills(led, np.array([-1.0]), np.array([105.0]))  # realise 1 x 4
     assert led.realised_px[0] == pytest.approx(4.0) and led.avg_price[0] == pytest.approx(101.0)
     led = apply_fills(led, np.array([-5.0]), np.array([99.0]))  # close 2 x -2, open -3 @ 99
@@ -96,7 +94,6 @@ def test_positions_open_add_reduce_flip_close() -> None:
     assert led.position[0] == -3 and led.avg_price[0] == pytest.approx(99.0)
     led = apply_fills(led, np.array([3.0]), np.array([97.0]))
     assert led.position[0] == 0 and led.avg_price[0] == 0 and led.realised_px[0] == pytest.approx(6.0)
-    assert unrealised(led, np.array([50.0]))[0] == 0
     assert to_currency(led.realised_px, 0.25, 12.5)[0] == pytest.approx(300.0)
 
 

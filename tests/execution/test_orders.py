@@ -56,7 +56,6 @@ def test_portfolio_books_fills_with_the_shared_ledger_maths() -> None:
     assert book.realised() == pytest.approx(2 * 4 * 12.5 - 5.0)
     # Short 1 from +4 ticks, marked at +2 ticks: +2 ticks of profit.
     assert book.unrealised({ES.instrument_id: px(2)}) == pytest.approx(25.0)
-    assert book.unrealised_of(ES.instrument_id, px(2)) == pytest.approx(25.0)
 
 
 def test_portfolio_realised_follows_every_fill_and_restore() -> None:
@@ -70,3 +69,22 @@ def test_portfolio_realised_follows_every_fill_and_restore() -> None:
     assert book.realised() == pytest.approx(2 * 4 * 12.5 - 4.0)
     book.restore(NQ.instrument_id, 1, float(px(0)), float(TICK), 1.0)  # +1 tick realised, 1.0 fees
     assert book.realised() == pytest.approx(2 * 4 * 12.5 - 4.0 + 5.0 - 1.0)
+
+
+def test_portfolio_reads_follow_every_fill_and_restore() -> None:
+    """Positions, entry prices and the unrealised P&L are read from Python copies of the books:
+    each fill and restore shows in the next read, and a flat instrument's mark (even NaN, an
+    untrusted book) adds nothing."""
+    book = Portfolio([ES, NQ])
+    assert book.positions() == {ES.instrument_id: 0, NQ.instrument_id: 0}
+    assert book.unrealised({ES.instrument_id: float("nan"), NQ.instrument_id: px(3)}) == 0.0
+    book.apply(_fill(1, "a", "buy", 2, px(0), leaves=0))
+    book.apply(_fill(2, "b", "buy", 1, px(3), leaves=0))  # 3 long at +1 tick on average
+    assert book.position(ES.instrument_id) == 3 and isinstance(book.position(ES.instrument_id), int)
+    assert book.avg_price(ES.instrument_id) == pytest.approx(px(1))
+    assert book.unrealised({ES.instrument_id: px(2)}) == pytest.approx(3 * 12.5)
+    book.restore(NQ.instrument_id, -2, float(px(5)), 0.0, 0.0)
+    assert book.positions() == {ES.instrument_id: 3, NQ.instrument_id: -2}
+    assert book.avg_price(NQ.instrument_id) == pytest.approx(px(5))
+    # NQ short 2 from +5 ticks marked at +1: +8 ticks; ES unmarked counts as its entry
+    assert book.unrealised({NQ.instrument_id: px(1)}) == pytest.approx(2 * 4 * NQ.tick_value)

@@ -15,7 +15,7 @@ from agent.execution.config import FillPrice
 from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Fill, Side
-from agent.policy.observation import AGENT_FEATURES, observation_rows
+from agent.policy.observation import AGENT_FEATURES, agent_feature_values
 from agent.train.data import load_archive
 from agent.train.env import EnvData, InstrumentBars, VecEnv, build_env_data, fit_norm, rollout
 from agent.train.errors import TrainError
@@ -134,7 +134,7 @@ def test_mid_fills_cost_the_move_of_the_mid_and_the_fee_only() -> None:
 @pytest.mark.parametrize("fill_price", ["book", "mid"])
 def test_the_agent_columns_are_the_ledgers_for_the_same_fills(tmp_path: Path, fill_price: FillPrice) -> None:
     """The environment's two agent columns after each step equal the trading step's observation
-    row (:func:`agent.policy.observation.observation_rows`) of the position and average fill
+    row (:func:`agent.policy.observation.agent_feature_values`) of the position and average fill
     price that the paper broker's fills give a portfolio for the same orders, marked at the same
     mids: training and trading show the model one state."""
     synth_feed(tmp_path, days=1)
@@ -171,15 +171,13 @@ def test_the_agent_columns_are_the_ledgers_for_the_same_fills(tmp_path: Path, fi
                 portfolio.apply(report)
         fed = int(closing[t]) + 1
         if t > start:  # the state at bar t's decision, as the environment shows it
-            row = observation_rows(
-                np.zeros((1, F), dtype=np.float32),
-                positions=np.array([portfolio.position(spec.instrument_id)]),
-                entry_px=np.array([portfolio.avg_price(spec.instrument_id)]),
-                mid_ticks=np.array([data.mark[t]]),
-                tick_px=np.array([float(tick_fixed(spec.tick_size))]),
-                reward_scale=0.5,
+            row = agent_feature_values(
+                portfolio.position(spec.instrument_id),
+                portfolio.avg_price(spec.instrument_id) / float(tick_fixed(spec.tick_size)),
+                float(data.mark[t]),
+                0.5,
             )
-            np.testing.assert_allclose(env.agent[0, -1], row[0, F:], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(env.agent[0, -1], np.float32(row), rtol=1e-6, atol=1e-6)
             compared += 1
         before = int(env.position[0])
         # a walk over short / flat / long one contract at a time (unit orders: one level's fill)
