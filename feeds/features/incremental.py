@@ -589,12 +589,13 @@ class IncrementalFeatures:
             for b, (seen, last) in zip(builders, before, strict=True)
             if b.records_seen > seen
         }
+        closed_by = _P["closed_by"]
         ends: list[int] = []  # each run's last record in the batch
         parts: list[tuple[InstrumentSpec, int]] = []  # its instrument and number of bars
         for builder in builders:
             if builder.closed:
                 at, seen, _ = places[builder]
-                closing = at[np.array([row[_P["closed_by"]] for row in builder.closed]) - seen]
+                closing = at[np.array([row[closed_by] for row in builder.closed]) - seen]
                 starts = np.flatnonzero(np.diff(closing, prepend=-1))
                 ends.extend(closing[starts].tolist())
                 parts.extend((builder.spec, n) for n in np.diff(starts, append=len(closing)).tolist())

@@ -88,6 +88,8 @@ def test_plain_and_compressed_files_give_the_same_chunks(
         assert [len(c) for c in mapped] == [len(c) for c in decoded]
         assert all(a.tobytes() == b.tobytes() for a, b in zip(mapped, decoded, strict=True))
         assert not any(c.flags.writeable for c in mapped)
+        # both under the project's dtype object itself (an equal copy compares field by field)
+        assert all(c.dtype is MBP10_DTYPE for c in mapped + decoded)
     assert np.array_equal(np.concatenate(mapped), records)
 
 
