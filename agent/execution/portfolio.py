@@ -94,8 +94,8 @@ class Portfolio:
         """Open P&L at the given marks (instrument id -> fixed-point price), account currency.
         Instruments without a mark count as zero.
 
-        :func:`~agent.execution.fills.unrealised` of each instrument on Python floats (a flat
-        one is 0 whatever its mark), summed as :meth:`_currency` sums."""
+        Each instrument's is ``position * (mark - avg_price)`` on Python floats (0 when flat,
+        whatever its mark), summed as :meth:`_currency` sums."""
         pnl = [
             q * (marks.get(iid, avg) - avg) if q else 0.0
             for iid, q, avg in zip(self._ids, self._held, self._entry, strict=True)
