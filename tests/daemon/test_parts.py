@@ -57,6 +57,13 @@ def test_daily_loss_and_drawdown_breaches() -> None:
     assert fresh.breach(1100.0, 5 * DAY + 1) is None
     assert fresh.breach(1000.0, 6 * DAY) is None  # new day starts at 1000
     assert "drawdown" in (fresh.breach(945.0, 6 * DAY + 1) or "")
+    # A halted round only follows the equity (no reason is built): the day and the peak move
+    # as breach() moves them.
+    halted = RiskLimits(RiskConfig(max_daily_loss=100.0, max_drawdown=150.0))
+    halted.start(1000.0, 5 * DAY)
+    assert halted.observe(1200.0, 5 * DAY + 1) == (-200.0, 0.0)  # a new peak
+    assert halted.observe(1000.0, 6 * DAY) == (0.0, 200.0)  # a new day at 1000, peak kept
+    assert "drawdown" in (halted.breach(1000.0, 6 * DAY + 1) or "")
 
 
 def test_halts_latch_until_resume_and_conditions_clear_themselves() -> None:
