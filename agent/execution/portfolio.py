@@ -29,7 +29,6 @@ class Portfolio:
 
     def __init__(self, instruments: Sequence[InstrumentSpec]) -> None:
         self._index = {spec.instrument_id: i for i, spec in enumerate(instruments)}
-        self._ids = [spec.instrument_id for spec in instruments]
         n = len(instruments)
         self._tick_px = [spec.tick_size * PRICE_SCALE for spec in instruments]
         self._tick_value = [spec.tick_value for spec in instruments]
@@ -79,7 +78,7 @@ class Portfolio:
         return self._held[self._index[instrument_id]]
 
     def positions(self) -> dict[int, int]:
-        return dict(zip(self._ids, self._held, strict=True))
+        return dict(zip(self._index, self._held, strict=True))
 
     def avg_price(self, instrument_id: int) -> float:
         return self._entry[self._index[instrument_id]]
@@ -98,7 +97,7 @@ class Portfolio:
         whatever its mark), summed as :meth:`_currency` sums."""
         pnl = [
             q * (marks.get(iid, avg) - avg) if q else 0.0
-            for iid, q, avg in zip(self._ids, self._held, self._entry, strict=True)
+            for iid, q, avg in zip(self._index, self._held, self._entry, strict=True)
         ]
         return self._currency(pnl)
 

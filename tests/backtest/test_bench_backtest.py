@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.bench import TINY_MODEL, bench_json
+from tests.support.bench import small_bench_backtest
 
 KEYS = {
     "records",
@@ -31,13 +31,7 @@ KEYS = {
 
 
 def test_bench_backtest_prints_one_json_object_with_its_keys(tmp_path: Path) -> None:
-    env = {**TINY_MODEL, "TRADEAGENT__SYNTH__EVENTS_PER_SECOND": "2", "TRADEAGENT__DEVICE": "cpu"}
-    result = bench_json(
-        "backtest",
-        *("--records", "20000", "--event-records", "5000", "--chunks", "4"),
-        data_dir=tmp_path / "data",
-        env=env,
-    )
+    result = small_bench_backtest(tmp_path / "data", "cpu")
     assert set(result) == KEYS
     assert result["records"] == 20000 and result["event_records"] == 5000
     assert result["bars"] > 0 and result["fast_decisions"] > 0 and result["event_decisions"] > 0

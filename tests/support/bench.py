@@ -30,3 +30,15 @@ def bench_json(name: str, *args: str, data_dir: Path, env: dict[str, str]) -> di
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
     result: dict[str, Any] = json.loads(run.stdout)
     return result
+
+
+def small_bench_backtest(data_dir: Path, device: str) -> dict[str, Any]:
+    """``bench backtest`` on a small file (20,000 records, the event driver on the first 5,000,
+    four spans an instrument) with the tiny model on ``device``."""
+    env = {**TINY_MODEL, "TRADEAGENT__SYNTH__EVENTS_PER_SECOND": "2", "TRADEAGENT__DEVICE": device}
+    return bench_json(
+        "backtest",
+        *("--records", "20000", "--event-records", "5000", "--chunks", "4"),
+        data_dir=data_dir,
+        env=env,
+    )
