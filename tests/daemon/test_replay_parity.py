@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.backtest.event import EventDriver
+from agent.backtest.event import REPLAY_BATCH, EventDriver
 from agent.config import Config
 from agent.daemon.app import Daemon
 from agent.model.checkpoint import checkpoint_from_bytes
 from agent.trading.decider import Decider, ModelDecider
 from agent.trading.step import BarClose, Step, TradingStep
 from feeds.dbn import read_mbp10
+from feeds.features import BarFrame
 from storage import open_database
 from storage.config import StorageConfig
 from tests.daemon.support import (
@@ -114,7 +115,14 @@ async def test_daemon_replay_and_event_backtest_trade_identically(
         decider.close()
         database.close()
 
-    daemon_stream, backtest = _stream(rows), _logged(run.log.arrays())
+    log = run.log.arrays()
+    batches = sum(-(-int(read_mbp10(f).shape[0]) // REPLAY_BATCH) for f in sorted(feed.glob("*.dbn*")))
+    for i, spec in enumerate(INSTRUMENTS):  # the bars decided, kept one frame per replayed batch
+        assert 1 <= len(run.frames[spec.symbol]) <= batches
+        assert np.array_equal(
+            BarFrame.concat(run.frames[spec.symbol]).ts_close, log["ts_ns"][log["instrument"] == i]
+        )
+    daemon_stream, backtest = _stream(rows), _logged(log)
     assert len(daemon_stream) == len(backtest) > 500
     assert sum(d[4] for d in backtest) > 100, "most decisions are valid"
     for k, (ours, theirs) in enumerate(zip(daemon_stream, backtest, strict=True)):
