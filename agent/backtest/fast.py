@@ -118,13 +118,20 @@ def load_bars(
     catch = _Catch(specs, latency_ms)
     parts: list[np.ndarray[Any, Any]] = []
     offset = 0
+    caught: tuple[np.ndarray[Any, Any], int, dict[int, np.ndarray[Any, Any]]] | None = None
     for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns, ahead=1):
-        catch.push(chunk, offset, stream.push(chunk))
+        closes = stream.start(chunk)
+        # while the workers compute this chunk's features: the previous chunk's catch, this one's keys
+        if caught is not None:
+            catch.push(*caught)
         part = np.empty(len(chunk), _KEYS)
         for name in _KEYS.names or ():
             part[name] = chunk[name]
         parts.append(part)
+        caught = (chunk, offset, closes())
         offset += len(chunk)
+    if caught is not None:
+        catch.push(*caught)
     if not parts:
         raise BacktestError(f"{path}: no MBP-10 records between the selected dates")
     result = stream.result()

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import itertools
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -192,24 +192,35 @@ class FeatureStream:
     def push(self, records: np.ndarray) -> dict[int, np.ndarray]:
         """Add the next chunk (1-D :data:`MBP10_DTYPE`, any instruments, arrival order); returns,
         per instrument id, the ``close_index`` of the bars it closed (ascending)."""
+        return self.start(records)()
+
+    def start(self, records: np.ndarray) -> Callable[[], dict[int, np.ndarray]]:
+        """:meth:`push` without waiting: the instruments' features of the chunk are computed on
+        the worker threads while the caller goes on; the returned waiter gives :meth:`push`'s
+        result. Call it before the next :meth:`start` or :meth:`result`."""
         check_records(records)
         chunk = np.ascontiguousarray(records)  # bar_statistics views records as int64 words
         ids = chunk["instrument_id"].astype(np.int64)  # read once, then contiguous
         ids[~mbp10_header_ok(chunk)] = _NO_ID
         offset = self._offset
         masks = [ids == stream.spec.instrument_id for stream in self._streams]
+        valid = np.logical_or.reduce(masks) if masks else np.zeros(chunk.shape[0], bool)
+        self._rejected += int(chunk.shape[0] - np.count_nonzero(valid))
+        self._offset += chunk.shape[0]
 
         def push(stream: _InstrumentStream, mine: np.ndarray) -> np.ndarray:
             return stream.push(chunk, None if mine.all() else np.flatnonzero(mine), offset)
 
         if len(self._streams) > 1:
-            closed = list(_workers().map(push, self._streams, masks))
-        else:
-            closed = [push(stream, mine) for stream, mine in zip(self._streams, masks, strict=True)]
-        valid = np.logical_or.reduce(masks) if masks else np.zeros(chunk.shape[0], bool)
-        self._rejected += int(chunk.shape[0] - np.count_nonzero(valid))
-        self._offset += chunk.shape[0]
-        return {stream.spec.instrument_id: c for stream, c in zip(self._streams, closed, strict=True)}
+            futures = [
+                _workers().submit(push, stream, mine)
+                for stream, mine in zip(self._streams, masks, strict=True)
+            ]
+            return lambda: {
+                s.spec.instrument_id: f.result() for s, f in zip(self._streams, futures, strict=True)
+            }
+        closed = {s.spec.instrument_id: push(s, mine) for s, mine in zip(self._streams, masks, strict=True)}
+        return lambda: closed
 
     def result(self) -> FeatureSet:
         """The bars closed so far, a health monitor per symbol, and the rejected records."""
