@@ -219,10 +219,8 @@ class EventDriver:
             self.ledger.record(self._writes)
             self._writes = []
         for symbol, frames in self._frames.items():
-            if frames:
-                self.run.frames[symbol].append(
-                    BarFrame.concat(frames)
-                )  # copies: no view keeps a batch's arrays
+            if frames:  # joined as copies: no view keeps a batch's arrays alive
+                self.run.frames[symbol].append(BarFrame.concat(frames))
                 frames.clear()
         if self._rows:
             ts, inst, bar, decided, regime, position, ordered = zip(*self._rows, strict=True)
