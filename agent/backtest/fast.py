@@ -48,7 +48,6 @@ from agent.execution.fills import (
     apply_fills,
     execution_price,
     fees,
-    order_schedule,
     walk_book,
 )
 from agent.policy.observation import observation_rows
@@ -64,7 +63,6 @@ from feeds.records import LEVELS, PRICE_SCALE
 __all__ = ["BarSet", "FastRun", "FillList", "MetBooks", "load_bars", "marks_of", "regime_path", "run_fast"]
 
 _LOGRET = FEATURE_NAMES.index("mid_logret")
-_KEYS = np.dtype([("instrument_id", "<u4"), ("ts_recv", "<u8")])
 _CHUNK_RECORDS = 1 << 16
 """:func:`load_bars` decodes this many records at a time (24 MiB)."""
 
@@ -109,49 +107,34 @@ def load_bars(
     The file is decoded once, in chunks in feed order (as the replay source yields them; a
     background thread decodes the next chunk meanwhile, :func:`feeds.dbn.reader.read_ahead`).
     Each chunk goes to the vectorised features (:class:`feeds.features.FeatureStream`, the same
-    bars as :func:`feeds.features.compute_all` over the whole array); of every record only what
-    the order schedule reads is kept (instrument and time, 12 bytes), and the levels of the
-    records the bars' orders meet are caught as they go by (:class:`_Catch`). The peak is a few
-    chunks, the bars and their books, where keeping the records (368 bytes each) cost more
-    memory than the books need."""
+    bars as :func:`feeds.features.compute_all` over the whole array), and the levels of the
+    records the bars' orders meet are caught as they go by, with whether each order is late
+    (:class:`_Catch`). Nothing of a record is kept past its chunk: the peak is a few chunks, the
+    bars and their books, where keeping the records (368 bytes each) cost more memory than the
+    books need."""
     stream = FeatureStream(specs, feeds.bars, feeds.health)
     catch = _Catch(specs, latency_ms)
-    parts: list[np.ndarray[Any, Any]] = []
     offset = 0
     caught: tuple[np.ndarray[Any, Any], int, dict[int, np.ndarray[Any, Any]]] | None = None
     for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns, ahead=1):
         closes = stream.start(chunk)
-        # while the workers compute this chunk's features: the previous chunk's catch, this one's keys
-        if caught is not None:
+        if caught is not None:  # while the workers compute this chunk's features
             catch.push(*caught)
-        part = np.empty(len(chunk), _KEYS)
-        for name in _KEYS.names or ():
-            part[name] = chunk[name]
-        parts.append(part)
         caught = (chunk, offset, closes())
         offset += len(chunk)
-    if caught is not None:
-        catch.push(*caught)
-    if not parts:
+    if caught is None:
         raise BacktestError(f"{path}: no MBP-10 records between the selected dates")
+    catch.push(*caught)
     result = stream.result()
     empty = [s.symbol for s in specs if len(result.frames[s.symbol]) == 0]
     if empty:
         raise BacktestError(f"{path}: no bars for {', '.join(empty)} in the selected dates")
-    keys = np.concatenate(parts)
-    del parts
-    schedules = [
-        order_schedule(keys, s.instrument_id, result.frames[s.symbol].close_index, latency_ms) for s in specs
-    ]
-    levels = catch.levels([sch.rows for sch in schedules])
+    met = catch.finish([len(result.frames[s.symbol]) for s in specs])
     return BarSet(
         frames=result.frames,
-        books={
-            s.symbol: MetBooks(levels=lv, late=sch.late)
-            for s, sch, lv in zip(specs, schedules, levels, strict=True)
-        },
+        books={s.symbol: m for s, m in zip(specs, met, strict=True)},
         latency_ms=latency_ms,
-        n_records=int(keys.shape[0]),
+        n_records=offset,
         rejected_records=result.rejected_records,
         health_episodes={k: len(m.episodes) for k, m in result.monitors.items()},
     )
@@ -170,7 +153,10 @@ class _Catch:
     instrument's record just before that later one, which came in this chunk; so it is in this
     chunk, or it is the instrument's last record before it, whose levels are kept. The bars
     still open at the end are settled on the instrument's last record, as the schedule clamps
-    them. :meth:`levels` checks that the records caught are the schedule's."""
+    them. Whether an order is late is the schedule's rule on the closers' times. Tests hold the
+    records caught and the lateness to the schedule's over whole files
+    (``tests/backtest/test_fast_books.py``); :meth:`finish` checks that every bar was settled
+    and caught."""
 
     def __init__(self, specs: Sequence[InstrumentSpec], latency_ms: float) -> None:
         self._latency_ns = round(latency_ms * 1_000_000)
@@ -185,6 +171,8 @@ class _Catch:
         self._last: dict[int, tuple[int, np.ndarray[Any, Any]]] = {}
         """Per instrument: its last record so far (stream index, levels ``[1, LEVELS]``)."""
         self._rows: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
+        self._closers: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
+        """Per instrument and settled bar: its closer's ``ts_recv`` (running maximum)."""
         self._levels: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
 
     def push(self, chunk: np.ndarray[Any, Any], offset: int, closes: dict[int, np.ndarray[Any, Any]]) -> None:
@@ -223,10 +211,12 @@ class _Catch:
         if not closes.size or not n:
             return 0
         after = np.searchsorted(index, closes, side="right")  # the closers (n: not arrived yet)
-        met = np.searchsorted(clock, clock[np.minimum(after, n - 1)] + self._latency_ns, side="right")
+        closer = clock[np.minimum(after, n - 1)]
+        met = np.searchsorted(clock, closer + self._latency_ns, side="right")
         # settled: the closer arrived and a record past the due time too (a prefix of the closes)
         settled = int(closes.shape[0] if chunk is None else np.count_nonzero((after < n) & (met < n)))
         rows = index[met[:settled] - 1]
+        self._closers[iid].append(closer[:settled])
         levels = np.empty((settled, LEVELS), LEVEL_DTYPE)
         last, last_levels = self._last.get(iid, (-1, levels[:0]))
         caught = rows == last
@@ -240,27 +230,32 @@ class _Catch:
         self._levels[iid].append(levels)
         return settled
 
-    def levels(self, rows: Sequence[np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
-        """Per instrument (in ``specs`` order), the levels of the records ``rows`` (the order
-        schedule's, one per bar), once the last chunk is pushed (the bars still open are settled
-        first); called once. They are views of one array, end to end in ``specs`` order, which
-        :func:`_columns` then takes as it is (a copy of every bar's book cost up to ~0.1 s of
-        page faults on 1M records)."""
-        for iid, want in zip(self._ids, rows, strict=True):
+    def finish(self, n_bars: Sequence[int]) -> list[MetBooks]:
+        """Per instrument (in ``specs`` order, ``n_bars`` its bars), the books its bars' orders
+        meet and whether each order is late, once the last chunk is pushed (the bars still open
+        are settled first); called once. The levels are views of one array, end to end in
+        ``specs`` order, which :func:`_columns` then takes as it is (a copy of every bar's book
+        cost up to ~0.1 s of page faults on 1M records)."""
+        late = []
+        for iid, bars in zip(self._ids, n_bars, strict=True):
             self._settle(iid, self._open[iid], None)
             self._open[iid] = _NONE
-            got = np.concatenate([_NONE, *self._rows.pop(iid)])
-            if not np.array_equal(got, want):  # see the class docstring: cannot differ
-                raise BacktestError(f"the books caught for instrument {iid} are not the order schedule's")
+            rows = np.concatenate([_NONE, *self._rows.pop(iid)])
+            if rows.shape[0] != bars or (rows < 0).any():  # see the class docstring: cannot happen
+                raise BacktestError(f"the books of instrument {iid}'s orders were not all caught")
+            closer = np.concatenate([_NONE, *self._closers.pop(iid)])
+            ahead = np.zeros(bars, dtype=bool)  # the schedule's rule (order_schedule)
+            ahead[:-1] = closer[:-1] + self._latency_ns >= closer[1:]
+            late.append(ahead)
         parts = [self._levels.pop(iid) for iid in self._ids]
         every = np.empty((sum(p.shape[0] for part in parts for p in part), LEVELS), LEVEL_DTYPE)
         out, at = [], 0
-        for part in parts:
+        for part, ahead in zip(parts, late, strict=True):
             start = at
             for p in part:
                 _words(every[at : at + p.shape[0]])[:] = _words(p)
                 at += p.shape[0]
-            out.append(every[start:at])
+            out.append(MetBooks(levels=every[start:at], late=ahead))
         return out
 
 
