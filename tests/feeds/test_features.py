@@ -65,7 +65,7 @@ def rough_book(n: int, seed: int) -> np.ndarray:
     return records
 
 
-@pytest.mark.parametrize(("events", "n"), [(1, 3000), (64, 3000), (7, 20_000)])  # 20k: several groups
+@pytest.mark.parametrize(("events", "n"), [(1, 3000), (64, 3000), (7, 80_000)])  # 80k: several groups
 def test_ofi_equals_the_textbook_definition(events: int, n: int) -> None:
     records = rough_book(n, seed=events)
     frame = compute_bars(records, SPEC, BarConfig(clock="events", events=events), HEALTH)
