@@ -178,7 +178,7 @@ class _Catch:
     def push(self, chunk: np.ndarray[Any, Any], offset: int, closes: dict[int, np.ndarray[Any, Any]]) -> None:
         """The next chunk (at ``offset`` in the stream) and the bars it closed, per instrument id
         (:meth:`feeds.features.FeatureStream.push`)."""
-        ids, ts = chunk["instrument_id"], chunk["ts_recv"]
+        ids, ts = np.ascontiguousarray(chunk["instrument_id"]), chunk["ts_recv"]  # one strided read
         for iid in self._ids:
             mine = np.flatnonzero(ids == iid)
             if mine.size:
@@ -217,6 +217,11 @@ class _Catch:
         settled = int(closes.shape[0] if chunk is None else np.count_nonzero((after < n) & (met < n)))
         rows = index[met[:settled] - 1]
         self._closers[iid].append(closer[:settled])
+        if chunk is not None and settled and rows[0] >= chunk[1]:  # most often: all in this chunk
+            records, start = chunk
+            self._rows[iid].append(rows)
+            self._levels[iid].append(levels_at(records, rows - start))
+            return settled
         levels = np.empty((settled, LEVELS), LEVEL_DTYPE)
         last, last_levels = self._last.get(iid, (-1, levels[:0]))
         caught = rows == last
