@@ -48,6 +48,7 @@ from agent.execution.fills import (
     apply_fills,
     execution_price,
     fees,
+    late_orders,
     walk_book,
 )
 from agent.policy.observation import observation_rows
@@ -153,10 +154,10 @@ class _Catch:
     instrument's record just before that later one, which came in this chunk; so it is in this
     chunk, or it is the instrument's last record before it, whose levels are kept. The bars
     still open at the end are settled on the instrument's last record, as the schedule clamps
-    them. Whether an order is late is the schedule's rule on the closers' times. Tests hold the
-    records caught and the lateness to the schedule's over whole files
-    (``tests/backtest/test_fast_books.py``); :meth:`finish` checks that every bar was settled
-    and caught."""
+    them. Whether an order is late is the schedule's own rule on the closers' times
+    (:func:`agent.execution.fills.late_orders`). Tests hold the records caught and the lateness
+    to the schedule's over whole files (``tests/backtest/test_fast_books.py``); :meth:`finish`
+    checks that every bar was settled and caught."""
 
     def __init__(self, specs: Sequence[InstrumentSpec], latency_ms: float) -> None:
         self._latency_ns = round(latency_ms * 1_000_000)
@@ -248,10 +249,7 @@ class _Catch:
             rows = np.concatenate([_NONE, *self._rows.pop(iid)])
             if rows.shape[0] != bars or (rows < 0).any():  # see the class docstring: cannot happen
                 raise BacktestError(f"the books of instrument {iid}'s orders were not all caught")
-            closer = np.concatenate([_NONE, *self._closers.pop(iid)])
-            ahead = np.zeros(bars, dtype=bool)  # the schedule's rule (order_schedule)
-            ahead[:-1] = closer[:-1] + self._latency_ns >= closer[1:]
-            late.append(ahead)
+            late.append(late_orders(np.concatenate([_NONE, *self._closers.pop(iid)]), self._latency_ns))
         parts = [self._levels.pop(iid) for iid in self._ids]
         every = np.empty((sum(p.shape[0] for part in parts for p in part), LEVELS), LEVEL_DTYPE)
         out, at = [], 0

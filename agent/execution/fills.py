@@ -36,6 +36,7 @@ __all__ = [
     "execution_rows",
     "fees",
     "fill_costs_ticks",
+    "late_orders",
     "order_schedule",
     "position_change_cost_ticks",
     "slippage_vs_mid",
@@ -182,10 +183,20 @@ def order_schedule(
     ts = np.maximum.accumulate(records["ts_recv"][mine].astype(np.int64))
     nxt = np.minimum(np.searchsorted(mine, close_index, side="right"), mine.shape[0] - 1)
     closer = ts[nxt]
-    due = closer + round(latency_ms * 1_000_000)
-    late = np.zeros(due.shape[0], dtype=bool)
-    late[:-1] = due[:-1] >= closer[1:]
-    return OrderSchedule(rows=mine[np.searchsorted(ts, due, side="right") - 1], late=late)
+    latency_ns = round(latency_ms * 1_000_000)
+    due = closer + latency_ns
+    return OrderSchedule(
+        rows=mine[np.searchsorted(ts, due, side="right") - 1], late=late_orders(closer, latency_ns)
+    )
+
+
+def late_orders(closer_ns: np.ndarray[Any, Any], latency_ns: int) -> np.ndarray[Any, Any]:
+    """:attr:`OrderSchedule.late` of an instrument's bars from their closers' ``ts_recv``
+    (running maximum, int64 ``[bars]``): an order placed at its closer arrives ``latency_ns``
+    later and is late unless that is before the next bar's closer."""
+    late = np.zeros(closer_ns.shape[0], dtype=bool)
+    late[:-1] = closer_ns[:-1] + latency_ns >= closer_ns[1:]
+    return late
 
 
 def execution_rows(
