@@ -53,8 +53,6 @@ class BookFill(NamedTuple):
     """Signed contracts filled (same sign as the request; smaller in size when depth ran out)."""
     avg_price: Array
     """Volume-weighted average fill price (float64, price unit); NaN where nothing filled."""
-    levels_used: Array
-    """How many book levels the order touched (int64; 0 where nothing filled)."""
 
 
 def walk_book(bid_px: Array, bid_sz: Array, ask_px: Array, ask_sz: Array, qty: Array) -> BookFill:
@@ -75,20 +73,26 @@ def walk_book(bid_px: Array, bid_sz: Array, ask_px: Array, ask_sz: Array, qty: A
     buy = (q > 0)[:, None]
     px = xp.where(buy, xp.asarray(ask_px), xp.asarray(bid_px))
     sz = xp.where(buy, xp.asarray(ask_sz), xp.asarray(bid_sz))
-    has = (px != UNDEF_PRICE if px.dtype.kind in "iu" else xp.isfinite(px)) & (sz > 0)
+    has = px != UNDEF_PRICE if px.dtype.kind in "iu" else xp.isfinite(px)
+    has &= sz > 0
     sz = xp.where(has, sz, 0.0)  # float64
-    before = sz.cumsum(axis=1) - sz
-    take = xp.minimum(xp.maximum(xp.abs(q)[:, None] - before, 0.0), sz)
+    # take = min(max(|q| - depth before the level, 0), size), in one buffer (a batch walks
+    # ~30 small arrays: each temporary not made is a share of the call)
+    take = sz.cumsum(axis=1)
+    take -= sz
+    xp.subtract(xp.abs(q)[:, None], take, out=take)
+    xp.maximum(take, 0.0, out=take)
+    xp.minimum(take, sz, out=take)
     filled_abs = take.sum(axis=1)
     # Reference = the first non-empty level's price (exact in int64), offsets are small.
     ref = px[xp.arange(px.shape[0]), has.argmax(axis=1)]
     offset = xp.where(has, px - ref[:, None], 0.0)  # float64
+    offset *= take
     # NaN where nothing filled; divided by 1 there, not 0 (no 0/0 warning to silence: np.errstate
     # costs more than the division)
     some = filled_abs > 0
-    avg = xp.where(some, ref + (take * offset).sum(axis=1) / xp.where(some, filled_abs, 1.0), np.nan)
-    levels = (take > 0).sum(axis=1, dtype=np.int64)
-    return BookFill(filled=xp.sign(q) * filled_abs, avg_price=avg, levels_used=levels)
+    avg = xp.where(some, ref + offset.sum(axis=1) / xp.where(some, filled_abs, 1.0), np.nan)
+    return BookFill(filled=xp.sign(q) * filled_abs, avg_price=avg)
 
 
 def execution_price(fill: BookFill, best_bid: Array, best_ask: Array, rule: FillPrice) -> Array:

@@ -24,7 +24,7 @@ ASK_PX = np.array([[101.0, 102.0, 103.0]])
 ASK_SZ = np.array([[1.0, 4.0, 2.0]])
 
 
-def _walk(qty: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _walk(qty: list[float]) -> tuple[np.ndarray, np.ndarray]:
     n = len(qty)
     res = walk_book(
         np.repeat(BID_PX, n, 0),
@@ -33,17 +33,16 @@ def _walk(qty: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         np.repeat(ASK_SZ, n, 0),
         np.array(qty),
     )
-    return res.filled, res.avg_price, res.levels_used
+    return res.filled, res.avg_price
 
 
 def test_walk_book_hand_computed() -> None:
-    filled, avg, levels = _walk([1, 3, -4, 7, -20, 0])
+    filled, avg = _walk([1, 3, -4, 7, -20, 0])
     # buy 1: 1@101; buy 3: 1@101 + 2@102 = 305/3; sell 4: 2@100 + 2@99 = 398/4;
     # buy 7: 1@101 + 4@102 + 2@103 = 715/7; sell 20: depth 10 only = 2@100+3@99+5@98 = 987/10.
     np.testing.assert_array_equal(filled, [1, 3, -4, 7, -10, 0])
     np.testing.assert_allclose(avg[:5], [101, 305 / 3, 99.5, 715 / 7, 98.7])
     assert np.isnan(avg[5])
-    np.testing.assert_array_equal(levels, [1, 2, 2, 3, 3, 0])
 
 
 def test_walk_book_fixed_point_keeps_precision_and_skips_empty_levels() -> None:
@@ -66,7 +65,7 @@ def test_walk_book_fixed_point_keeps_precision_and_skips_empty_levels() -> None:
 
 
 def test_unit_order_at_the_top_costs_half_the_spread_plus_fees() -> None:
-    filled, avg, _ = _walk([1, -1])
+    filled, avg = _walk([1, -1])
     mid = np.array([100.5, 100.5])
     np.testing.assert_allclose(slippage_vs_mid(filled, avg, mid), [0.5, 0.5])
     np.testing.assert_allclose(fees(filled, 1.25), [1.25, 1.25])
