@@ -124,11 +124,6 @@ class NatsServer:
             proc.kill()
             proc.wait()
 
-    def restart(self, timeout: float = 10.0) -> None:
-        """Start again on the same port with the same JetStream store."""
-        self.stop()
-        self.start(timeout)
-
     def close(self) -> None:
         """Stop the server and remove the store directory if this object created it."""
         self.stop()
