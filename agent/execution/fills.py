@@ -86,12 +86,11 @@ def walk_book(bid_px: Array, bid_sz: Array, ask_px: Array, ask_sz: Array, qty: A
     filled_abs = take.sum(axis=1)
     # Reference = the first non-empty level's price (exact in int64), offsets are small.
     ref = px[xp.arange(px.shape[0]), has.argmax(axis=1)]
-    offset = xp.where(has, px - ref[:, None], 0.0)  # float64
-    offset *= take
+    offset = xp.where(has, px - ref[:, None], 0.0)
     # NaN where nothing filled; divided by 1 there, not 0 (no 0/0 warning to silence: np.errstate
     # costs more than the division)
     some = filled_abs > 0
-    avg = xp.where(some, ref + offset.sum(axis=1) / xp.where(some, filled_abs, 1.0), np.nan)
+    avg = xp.where(some, ref + (take * offset).sum(axis=1) / xp.where(some, filled_abs, 1.0), np.nan)
     return BookFill(filled=xp.sign(q) * filled_abs, avg_price=avg)
 
 
