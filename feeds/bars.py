@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from feeds.config import BarConfig
 from feeds.errors import FeedError
 
-__all__ = ["BarClock", "BarPlan", "plan_bars"]
+__all__ = ["BarClock", "BarPlan", "clock_closes", "plan_bars"]
 
 
 def _interval_ns(config: BarConfig) -> int:
@@ -83,6 +84,16 @@ def plan_bars(clock_ts: np.ndarray, config: BarConfig, stale_ns: int) -> BarPlan
     ks = np.repeat(k_rec, counts) + step
     ends = np.repeat(change + 1, counts).astype(np.int64)
     return BarPlan(ends=ends, close_ts=ks * interval)
+
+
+def clock_closes(closer_ns: Any, close_ts: Any, config: BarConfig, grace_ns: int) -> Any:
+    """Which bars a live daemon closes on the clock (``daemon.close_grace_ms``, ``grace_ns`` in
+    ns): time bars whose closer (the instrument's first record past the boundary, received at
+    ``closer_ns``) came more than ``grace_ns`` after their close time ``close_ts``. A replay
+    decides such a bar at its closer, later than the daemon does (docs/backtest.md). Written
+    once for both paths: Python ints give a bool, int64 arrays a bool array (none true on the
+    event clock)."""
+    return (closer_ns - close_ts > grace_ns) & (config.clock == "time")
 
 
 class BarClock:

@@ -446,6 +446,7 @@ def _fast(
             "orders": int(run.log.arrays()["ordered"].astype(bool).sum()),
             "fills": len(run.fills.bar),
             "late_orders": run.late_orders,
+            "clock_close_bars": run.clock_close_bars,
         },
         latency_ns=np.full(1, run.per_row_s * 1e9),
     )

@@ -43,6 +43,7 @@ from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Cancelled, Fill, NewOrder, Reject, Report
 from agent.trading.decider import Decided, Decider
 from agent.trading.step import BarClose, TradingStep
+from feeds.bars import clock_closes
 from feeds.config import InstrumentSpec
 from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
 from feeds.records import MBP10_DTYPE, PRICE_SCALE
@@ -133,7 +134,10 @@ class EventDriver:
         self.run = EventRun()
         self.run.frames = {s.symbol: [] for s in specs}
         self._on_records = on_records
-        self._counts: dict[str, int] = {}
+        self._counts: dict[str, int] = {"clock_close_bars": 0}
+        """Counters of the run; ``clock_close_bars``: the bars a live daemon closes on the clock,
+        before the record that closes them here (:func:`feeds.bars.clock_closes`)."""
+        self._grace_ns = round(config.daemon.close_grace_ms * 1e6)
 
     def _count(self, key: str, n: int = 1) -> None:
         self._counts[key] = self._counts.get(key, 0) + n
@@ -271,6 +275,9 @@ class EventDriver:
         risk check."""
         i = self.slot[frame.instrument_id]
         self._frames[frame.symbol].append(frame)
+        bars, grace = self.config.feeds.bars, self._grace_ns
+        late = sum(clock_closes(now_ns, t, bars, grace) for t in frame.ts_close.tolist())
+        self._count("clock_close_bars", late)
         for r in range(len(frame)):
             close = BarClose(frame, r)
             step = self.trading.decide([close], self.decider)

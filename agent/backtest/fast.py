@@ -55,6 +55,7 @@ from agent.policy.observation import observation_rows
 from agent.policy.regime import RegimeTracker
 from agent.trading.decider import Decided, Decider
 from agent.trading.risk import RiskLimits
+from feeds.bars import clock_closes
 from feeds.book import LEVEL_DTYPE, levels_at, tick_fixed
 from feeds.config import FeedsConfig, InstrumentSpec
 from feeds.dbn import iter_mbp10
@@ -76,6 +77,9 @@ class MetBooks:
     levels: np.ndarray[Any, Any]
     """:data:`feeds.book.LEVEL_DTYPE`, ``[bars, LEVELS]``."""
     late: np.ndarray[Any, Any]
+    closer_ns: np.ndarray[Any, Any]
+    """Each bar's closer's time on the feed clock (int64): its instrument's first record past
+    the bar, which closes it (:func:`feeds.bars.clock_closes`)."""
 
 
 @dataclass(frozen=True)
@@ -242,23 +246,23 @@ class _Catch:
         are settled first); called once. The levels are views of one array, end to end in
         ``specs`` order, which :func:`_columns` then takes as it is (a copy of every bar's book
         cost up to ~0.1 s of page faults on 1M records)."""
-        late = []
+        closers = []
         for iid, bars in zip(self._ids, n_bars, strict=True):
             self._settle(iid, self._open[iid], None)
             self._open[iid] = _NONE
             rows = np.concatenate([_NONE, *self._rows.pop(iid)])
             if rows.shape[0] != bars or (rows < 0).any():  # see the class docstring: cannot happen
                 raise BacktestError(f"the books of instrument {iid}'s orders were not all caught")
-            late.append(late_orders(np.concatenate([_NONE, *self._closers.pop(iid)]), self._latency_ns))
+            closers.append(np.concatenate([_NONE, *self._closers.pop(iid)]))
         parts = [self._levels.pop(iid) for iid in self._ids]
         every = np.empty((sum(p.shape[0] for part in parts for p in part), LEVELS), LEVEL_DTYPE)
         out, at = [], 0
-        for part, ahead in zip(parts, late, strict=True):
+        for part, closer in zip(parts, closers, strict=True):
             start = at
             for p in part:
                 _words(every[at : at + p.shape[0]])[:] = _words(p)
                 at += p.shape[0]
-            out.append(MetBooks(levels=every[start:at], late=ahead))
+            out.append(MetBooks(every[start:at], late_orders(closer, self._latency_ns), closer))
         return out
 
 
@@ -332,6 +336,8 @@ class FastRun(NamedTuple):
     fills: FillList
     per_row_s: float
     """Wall seconds spent in decisions per decision row (the amortised latency)."""
+    clock_close_bars: int
+    """Bars a live daemon closes on the clock, before their closer (:func:`feeds.bars.clock_closes`)."""
     late_orders: int
     """Orders that execute after their instrument's next decision
     (:func:`agent.execution.fills.order_schedule`): the event-driven driver decides that bar
@@ -535,8 +541,16 @@ def run_fast(
         _decision_log(grid, inst, cols, decisions=decisions, positions=positions, ordered=sent),
         _fill_list(fill_parts, inst, lo, cols, fee),
         spent / max(sent.shape[0], 1),
+        sum(_clock_close_bars(bars, symbol, config) for symbol in dict.fromkeys(s.symbol for s in specs)),
         int(cols.late[grid.row[grid.active][sent]].sum()),
     )
+
+
+def _clock_close_bars(bars: BarSet, symbol: str, config: Config) -> int:
+    """How many of ``symbol``'s bars a live daemon closes on the clock."""
+    grace_ns = round(config.daemon.close_grace_ms * 1e6)
+    closer, close_ts = bars.books[symbol].closer_ns, bars.frames[symbol].ts_close
+    return int(np.count_nonzero(clock_closes(closer, close_ts, config.feeds.bars, grace_ns)))
 
 
 def _decision_log(

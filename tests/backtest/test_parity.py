@@ -14,6 +14,7 @@ import pytest
 from agent.backtest.api import BacktestRequest, BacktestResult, run_backtest
 from agent.config import Config
 from agent.execution.fills import order_schedule
+from feeds.dbn import read_mbp10
 from feeds.records import MBP10_DTYPE
 from tests.backtest.conftest import backtest_config
 
@@ -50,6 +51,25 @@ def test_event_and_fast_drivers_agree(signal_data: Path, checkpoint_file: Path, 
     assert abs(event.summary.ledger_pnl - event.summary.performance.pnl) < 1e-6
     assert set(event.summary.baselines) == {"flat", "random", "long"}
     assert event.summary.baselines["flat"].pnl == 0.0
+    # both count the bars a live daemon would close on the clock, as the records say
+    late = event.summary.health["clock_close_bars"]
+    assert late == fast.summary.health["clock_close_bars"] == _clock_close_bars(signal_data, event)
+    assert 0 < late < event.summary.bars  # this synthetic feed is thin: most bars wait for a record
+
+
+def _clock_close_bars(data: Path, result: BacktestResult) -> int:
+    """The bars whose instrument's first record past the bar's close came more than the grace
+    after it, from the records: the first record stamped after the close, per instrument."""
+    config = backtest_config(Path("unused"))
+    grace = round(config.daemon.close_grace_ms * 1e6)
+    records = read_mbp10(data)
+    late = 0
+    for i, spec in enumerate(config.feeds.instruments):
+        clock = np.maximum.accumulate(records["ts_recv"][records["instrument_id"] == spec.instrument_id])
+        close = result.decisions["ts_ns"][result.decisions["instrument"] == i].astype(np.int64)
+        closer = clock[np.searchsorted(clock, close, side="right")].astype(np.int64)
+        late += int(np.count_nonzero(closer - close > grace))
+    return late
 
 
 def test_chunked_fast_driver_trades_every_span(

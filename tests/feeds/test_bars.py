@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feeds.bars import BarClock, plan_bars
+from feeds.bars import BarClock, clock_closes, plan_bars
 from feeds.config import BarConfig
 from feeds.errors import FeedError
 
@@ -74,3 +74,16 @@ def test_incremental_clock_equals_vectorised_plan(
         assert plan.ends.tolist() == ends
         assert plan.close_ts.tolist() == closes
         assert np.all(np.diff(plan.close_ts) > 0) or config.clock == "events"
+
+
+def test_clock_closes_are_time_bars_whose_closer_came_after_the_grace() -> None:
+    time_bars, event_bars = BarConfig(clock="time", interval_s=1.0), BarConfig(clock="events", events=10)
+    grace = 50_000_000
+    close_ts = np.array([1_000_000_000, 2_000_000_000, 3_000_000_000])
+    closer = close_ts + np.array([1, grace, grace + 1])  # the grace itself is not late
+    np.testing.assert_array_equal(clock_closes(closer, close_ts, time_bars, grace), [False, False, True])
+    assert not clock_closes(closer, close_ts, event_bars, grace).any()
+    # one record's values, as the event-driven driver asks
+    assert clock_closes(int(closer[2]), int(close_ts[2]), time_bars, grace) is True
+    assert clock_closes(int(closer[1]), int(close_ts[1]), time_bars, grace) is False
+    assert clock_closes(int(closer[2]), int(close_ts[2]), event_bars, grace) is False
