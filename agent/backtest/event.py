@@ -276,8 +276,8 @@ class EventDriver:
         i = self.slot[frame.instrument_id]
         self._frames[frame.symbol].append(frame)
         bars, grace = self.config.feeds.bars, self._grace_ns
-        late = sum(clock_closes(now_ns, t, bars, grace) for t in frame.ts_close.tolist())
-        self._count("clock_close_bars", late)
+        on_clock = sum(clock_closes(now_ns, t, bars, grace) for t in frame.ts_close.tolist())
+        self._count("clock_close_bars", on_clock)
         for r in range(len(frame)):
             close = BarClose(frame, r)
             step = self.trading.decide([close], self.decider)

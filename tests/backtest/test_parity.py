@@ -52,9 +52,9 @@ def test_event_and_fast_drivers_agree(signal_data: Path, checkpoint_file: Path, 
     assert set(event.summary.baselines) == {"flat", "random", "long"}
     assert event.summary.baselines["flat"].pnl == 0.0
     # both count the bars a live daemon would close on the clock, as the records say
-    late = event.summary.health["clock_close_bars"]
-    assert late == fast.summary.health["clock_close_bars"] == _clock_close_bars(signal_data, event)
-    assert 0 < late < event.summary.bars  # this synthetic feed is thin: most bars wait for a record
+    on_clock = event.summary.health["clock_close_bars"]
+    assert on_clock == fast.summary.health["clock_close_bars"] == _clock_close_bars(signal_data, event)
+    assert 0 < on_clock < event.summary.bars  # this synthetic feed is thin: most bars wait for a record
 
 
 def _clock_close_bars(data: Path, result: BacktestResult) -> int:
@@ -63,13 +63,13 @@ def _clock_close_bars(data: Path, result: BacktestResult) -> int:
     config = backtest_config(Path("unused"))
     grace = round(config.daemon.close_grace_ms * 1e6)
     records = read_mbp10(data)
-    late = 0
+    count = 0
     for i, spec in enumerate(config.feeds.instruments):
         clock = np.maximum.accumulate(records["ts_recv"][records["instrument_id"] == spec.instrument_id])
         close = result.decisions["ts_ns"][result.decisions["instrument"] == i].astype(np.int64)
         closer = clock[np.searchsorted(clock, close, side="right")].astype(np.int64)
-        late += int(np.count_nonzero(closer - close > grace))
-    return late
+        count += int(np.count_nonzero(closer - close > grace))
+    return count
 
 
 def test_chunked_fast_driver_trades_every_span(
