@@ -137,7 +137,6 @@ class EventDriver:
         self._counts: dict[str, int] = {"clock_close_bars": 0}
         """Counters of the run; ``clock_close_bars``: the bars a live daemon closes on the clock,
         before the record that closes them here (:func:`feeds.bars.clock_closes`)."""
-        self._grace_ns = round(config.daemon.close_grace_ms * 1e6)
 
     def _count(self, key: str, n: int = 1) -> None:
         self._counts[key] = self._counts.get(key, 0) + n
@@ -275,7 +274,7 @@ class EventDriver:
         risk check."""
         i = self.slot[frame.instrument_id]
         self._frames[frame.symbol].append(frame)
-        bars, grace = self.config.feeds.bars, self._grace_ns
+        bars, grace = self.config.feeds.bars, self.config.daemon.close_grace_ns
         on_clock = sum(clock_closes(now_ns, t, bars, grace) for t in frame.ts_close.tolist())
         self._count("clock_close_bars", on_clock)
         for r in range(len(frame)):

@@ -548,9 +548,9 @@ def run_fast(
 
 def _clock_close_bars(bars: BarSet, symbol: str, config: Config) -> int:
     """How many of ``symbol``'s bars a live daemon closes on the clock."""
-    grace_ns = round(config.daemon.close_grace_ms * 1e6)
     closer, close_ts = bars.books[symbol].closer_ns, bars.frames[symbol].ts_close
-    return int(np.count_nonzero(clock_closes(closer, close_ts, config.feeds.bars, grace_ns)))
+    on_clock = clock_closes(closer, close_ts, config.feeds.bars, config.daemon.close_grace_ns)
+    return int(np.count_nonzero(on_clock))
 
 
 def _decision_log(

@@ -388,7 +388,7 @@ class Daemon(Component):
             venue_latency_ns=int(cfg.broker.latency_ms * 1e6),
             settle=writes.drained,
             bar_interval_ns=round(cfg.feeds.bars.interval_s * 1e9) if cfg.feeds.bars.clock == "time" else 0,
-            close_grace_ns=round(cfg.daemon.close_grace_ms * 1e6),
+            close_grace_ns=cfg.daemon.close_grace_ns,
         )
         guard = RiskGuard(trading, placement, intake, events)
         decisions = Decisions(

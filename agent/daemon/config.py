@@ -69,6 +69,12 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         if self.lease_timeout_s <= 0:
             raise ValueError("lease_timeout_s: must be > 0")
 
+    @property
+    def close_grace_ns(self) -> int:
+        """:attr:`close_grace_ms` in ns: the live intake's clock closes, and the backtests'
+        count of the bars it concerns (:func:`feeds.bars.clock_closes`)."""
+        return round(self.close_grace_ms * 1e6)
+
 
 class ScheduleConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The nightly retrain: a cron job that starts ``tradeagent train --promote`` as a subprocess."""

@@ -61,7 +61,7 @@ def _clock_close_bars(data: Path, result: BacktestResult) -> int:
     """The bars whose instrument's first record past the bar's close came more than the grace
     after it, from the records: the first record stamped after the close, per instrument."""
     config = backtest_config(Path("unused"))
-    grace = round(config.daemon.close_grace_ms * 1e6)
+    grace = config.daemon.close_grace_ns
     records = read_mbp10(data)
     count = 0
     for i, spec in enumerate(config.feeds.instruments):
