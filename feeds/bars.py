@@ -5,9 +5,10 @@ Two clocks (:class:`feeds.config.BarConfig`):
 ``time``
     Bars close at the multiples of ``interval_s`` of the UNIX epoch (``ts_recv`` clock, ns).
     Bar ``k`` covers ``((k - 1) * I, k * I]``: a record stamped exactly on a boundary belongs
-    to the bar that closes there. A bar is *closed* by the first record after its close time
-    (or by the caller's clock in the live path), so the bar holding the last record of a file
-    is still open and is not emitted. Bars with no record carry the book forward. After
+    to the bar that closes there. A bar is *closed* by the first record after its close time,
+    or by the clock a grace after it (:func:`decision_times`: the daemon's intake live, the
+    replays on the feed clock), so the bar holding the last record of a file is still open and
+    is not emitted. Bars with no record carry the book forward. After
     ``stale_after_s`` without a record the instrument is stale: the first bar that closes stale is
     emitted (not tradable) and the following empty bars are skipped until data resumes, so an
     overnight or weekend gap (or a corrupt far-future timestamp) costs a handful of bars, not
@@ -32,7 +33,7 @@ import numpy as np
 from feeds.config import BarConfig
 from feeds.errors import FeedError
 
-__all__ = ["BarClock", "BarPlan", "clock_closes", "plan_bars"]
+__all__ = ["BarClock", "BarPlan", "clock_closes", "decision_times", "plan_bars"]
 
 
 def _interval_ns(config: BarConfig) -> int:
@@ -86,14 +87,30 @@ def plan_bars(clock_ts: np.ndarray, config: BarConfig, stale_ns: int) -> BarPlan
     return BarPlan(ends=ends, close_ts=ks * interval)
 
 
-def clock_closes(closer_ns: Any, close_ts: Any, config: BarConfig, grace_ns: int) -> Any:
-    """Which bars a live daemon closes on the clock (``daemon.close_grace_ms``, ``grace_ns`` in
-    ns): time bars whose closer (the instrument's first record past the boundary, received at
-    ``closer_ns``) came more than ``grace_ns`` after their close time ``close_ts``. A replay
-    decides such a bar at its closer, later than the daemon does (docs/backtest.md). Written
-    once for both paths: Python ints give a bool, int64 arrays a bool array (none true on the
-    event clock)."""
-    return (closer_ns - close_ts > grace_ns) & (config.clock == "time")
+def decision_times(closer_ns: Any, close_ts: Any, config: BarConfig, grace_ns: int) -> Any:
+    """When each bar is decided, on the feed clock (ns): the moment a live daemon closes it
+    (``daemon.close_grace_ms``, ``grace_ns`` in ns). ``closer_ns`` is the time of the record that
+    closes it (a time bar: the instrument's first record past the bar; an event bar: its own
+    last record), ``close_ts`` its close time. A time bar whose closer comes more than the grace
+    after its close time is closed by the clock ``grace_ns + 1`` ns after it (the first moment the
+    daemon's intake finds it due, :meth:`agent.daemon.intake.Intake._close_due`); every other bar
+    at its closer. The backtests and the trainer decide and place orders at these times (an
+    order meets the book ``broker.latency_ms`` later). Written once for both paths: Python ints
+    give an int, int64 arrays an array."""
+    if config.clock != "time":
+        return closer_ns
+    due = close_ts + grace_ns + 1
+    if isinstance(closer_ns, int):
+        return min(closer_ns, int(due))
+    return np.minimum(closer_ns, due)
+
+
+def clock_closes(decided_ns: Any, close_ts: Any, config: BarConfig, grace_ns: int) -> Any:
+    """Which bars are closed on the clock: time bars decided (:func:`decision_times`, or the
+    closer's time, which says the same) more than ``grace_ns`` after their close time
+    ``close_ts``. Python ints give a bool, int64 arrays a bool array (none true on the event
+    clock)."""
+    return (decided_ns - close_ts > grace_ns) & (config.clock == "time")
 
 
 class BarClock:

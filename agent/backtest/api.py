@@ -239,6 +239,7 @@ def run_baselines(config: Config, data: Path, start_ns: int | None, end_ns: int 
         start_ns=selection.start_ns,
         end_ns=selection.end_ns,
         latency_ms=config.broker.latency_ms,
+        close_grace_ns=config.daemon.close_grace_ns,
     )
     return _baselines(bars, specs, config)
 
@@ -317,6 +318,7 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         start_ns=selection.start_ns,
         end_ns=selection.end_ns,
         latency_ms=config.broker.latency_ms,
+        close_grace_ns=config.daemon.close_grace_ns,
     )
     progress.advance("bars")
     n_records = bars.n_records

@@ -14,9 +14,12 @@ and reject is written in its order, one transaction per replayed batch of record
 commits each before it counts; here a failure ends the whole run, so nothing counted can be
 missing from a ledger that is read back).
 
-Clock: the feed's ``ts_recv``. A bar closes when a record past its end arrives; its decision is
-taken once that record has reached the book, and the order placed at its ``ts_recv`` executes
-against the book as it stands ``broker.latency_ms`` later (the paper broker's rule).
+Clock: the feed's ``ts_recv``. A bar is decided when the daemon's intake would close it
+(:func:`feeds.bars.decision_times`): when a record past its end arrives, once that record has
+reached the book, or, for a time bar whose instrument is quiet for ``daemon.close_grace_ms``
+past its end, on the clock at that moment, after the records stamped before it. The order
+placed then executes against the book as it stands ``broker.latency_ms`` later (the paper
+broker's rule).
 Recorded gaps and stale stretches are replayed as they are: the health rules mark the bars not
 tradable, and no order is sent on them.
 """
@@ -135,8 +138,8 @@ class EventDriver:
         self.run.frames = {s.symbol: [] for s in specs}
         self._on_records = on_records
         self._counts: dict[str, int] = {"clock_close_bars": 0}
-        """Counters of the run; ``clock_close_bars``: the bars a live daemon closes on the clock,
-        before the record that closes them here (:func:`feeds.bars.clock_closes`)."""
+        """Counters of the run; ``clock_close_bars``: the bars closed on the clock
+        (:func:`feeds.bars.clock_closes`)."""
 
     def _count(self, key: str, n: int = 1) -> None:
         self._counts[key] = self._counts.get(key, 0) + n
@@ -198,17 +201,19 @@ class EventDriver:
         self._count(f"feed_{event.kind.value}")
 
     def _batch(self, records: np.ndarray[Any, Any]) -> None:
-        """Records in feed order: the features and the broker see every record; a record that
-        closes a bar is seen by both, then the bar is decided (the order is placed at that
-        record's ``ts_recv``, after it). The features take the batch as one array and hand its
-        runs out with the books as of each run's end
-        (:meth:`~feeds.features.IncrementalFeatures.closing_runs`): the runs, bars and books that
-        pushing the records one at a time gives (the daemon's replay walks its events the same way)."""
-        for run, frame in self.features.closing_runs(records):
+        """Records in feed order: the features and the broker see every record up to the moment
+        bars are decided, then the bars are decided and their orders placed at that moment. The
+        features take the batch as one array and hand its runs out with the books as of each
+        run's end (:meth:`~feeds.features.IncrementalFeatures.closing_runs`): the runs, bars and
+        books that pushing the records one at a time gives (the daemon's replay walks its events
+        the same way)."""
+        for run in self.features.closing_runs(records, grace_ns=self.config.daemon.close_grace_ns):
             t0 = time.perf_counter_ns()
-            self._market(run)
-            if frame is not None:
-                self._decide(frame, int(run["ts_recv"][-1]), t0)
+            self._market(run.records)
+            if run.on_clock:  # the feed clock moved without a record: orders due by then execute
+                self._reports(self.broker.advance(run.decided_ns - 1))
+            if run.frame is not None:
+                self._decide(run.frame, run.decided_ns, t0)
 
     def _market(self, records: np.ndarray[Any, Any]) -> None:
         reports = self.broker.on_records(records)
@@ -269,9 +274,9 @@ class EventDriver:
                 self.orders.apply(report)
 
     def _decide(self, frame: BarFrame, now_ns: int, t0: int) -> None:
-        """Decide every bar of ``frame`` (several when a gap closed empty bars), one round each
-        as in the daemon: only the last one may send an order, and every round ends with the
-        risk check."""
+        """Decide every bar of ``frame`` at ``now_ns`` (several when a record closed empty bars
+        within the grace), one round each as in the daemon: only the last one may send an
+        order, and every round ends with the risk check."""
         i = self.slot[frame.instrument_id]
         self._frames[frame.symbol].append(frame)
         bars, grace = self.config.feeds.bars, self.config.daemon.close_grace_ns

@@ -10,9 +10,12 @@
    closed flat at its last bar. With ``chunks = 1`` there is one slot per instrument and the run
    is exactly the event-driven one (same decisions, Thompson draws, fills and P&L: the parity
    test); more chunks trade a little fidelity (chunk edges) for batch throughput.
-4. A bar's decision is taken when the record that closes it arrives (the instrument's first
-   record after the close); its order meets the book as it stands ``broker.latency_ms`` after
-   that record (the instrument's last record at or before then) and is filled at once by
+4. A bar's decision is taken when the daemon's intake would close it
+   (:func:`feeds.bars.decision_times`): when the record that closes it arrives (a time bar's
+   instrument's first record after the close, an event bar's own last record), or on the clock
+   ``daemon.close_grace_ms`` after a quiet time bar's close. Its order meets the book as it
+   stands ``broker.latency_ms`` after that moment (the instrument's last record at or before
+   then) and is filled at once by
    :func:`agent.execution.fills.walk_book` and :func:`agent.execution.fills.execution_price`,
    the paper broker's maths: same levels, same partial fills, same fill rule
    (``broker.fill_price``), rounding and fees. The event-driven driver gives the same fills
@@ -35,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -55,11 +58,12 @@ from agent.policy.observation import observation_rows
 from agent.policy.regime import RegimeTracker
 from agent.trading.decider import Decided, Decider
 from agent.trading.risk import RiskLimits
-from feeds.bars import clock_closes
+from feeds.bars import clock_closes, decision_times
 from feeds.book import LEVEL_DTYPE, levels_at, tick_fixed
-from feeds.config import FeedsConfig, InstrumentSpec
+from feeds.config import BarConfig, FeedsConfig, InstrumentSpec
 from feeds.dbn import iter_mbp10
 from feeds.features import FEATURE_NAMES, BarFrame, FeatureStream
+from feeds.features.vectorised import Closes
 from feeds.records import LEVELS, PRICE_SCALE
 
 __all__ = ["BarSet", "FastRun", "FillList", "MetBooks", "load_bars", "marks_of", "regime_path", "run_fast"]
@@ -77,9 +81,9 @@ class MetBooks:
     levels: np.ndarray[Any, Any]
     """:data:`feeds.book.LEVEL_DTYPE`, ``[bars, LEVELS]``."""
     late: np.ndarray[Any, Any]
-    closer_ns: np.ndarray[Any, Any]
-    """Each bar's closer's time on the feed clock (int64): its instrument's first record past
-    the bar, which closes it (:func:`feeds.bars.clock_closes`)."""
+    decided_ns: np.ndarray[Any, Any]
+    """When each bar is decided and its order placed, on the feed clock (int64,
+    :func:`feeds.bars.decision_times`)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ class BarSet:
     books: dict[str, MetBooks]
     latency_ms: float
     """The order latency the books were met at (``broker.latency_ms``)."""
+    close_grace_ns: int
+    """The grace after which a quiet time bar is decided on the clock (``daemon.close_grace_ms``)."""
     n_records: int
     rejected_records: int
     health_episodes: dict[str, int]
@@ -104,10 +110,12 @@ def load_bars(
     end_ns: int,
     *,
     latency_ms: float,
+    close_grace_ns: int,
 ) -> BarSet:
     """Bars and features of ``specs`` from the records of ``path`` in ``[start_ns, end_ns)``, on
     the ``[feeds]`` bar clock and health rules, and the book each bar's order meets after
-    ``latency_ms``.
+    ``latency_ms``, placed when the bar is decided (``close_grace_ns``: the daemon's grace,
+    :func:`feeds.bars.decision_times`).
 
     The file is decoded once, in chunks in feed order (as the replay source yields them; a
     background thread decodes the next chunk meanwhile, :func:`feeds.dbn.reader.read_ahead`).
@@ -118,9 +126,9 @@ def load_bars(
     bars and their books, where keeping the records (368 bytes each) cost more memory than the
     books need."""
     stream = FeatureStream(specs, feeds.bars, feeds.health)
-    catch = _Catch(specs, latency_ms)
+    catch = _Catch(specs, latency_ms, feeds.bars, close_grace_ns)
     offset = 0
-    caught: tuple[np.ndarray[Any, Any], int, dict[int, np.ndarray[Any, Any]]] | None = None
+    caught: tuple[np.ndarray[Any, Any], int, dict[int, Closes]] | None = None
     for chunk in iter_mbp10(path, chunk_records=_CHUNK_RECORDS, start_ns=start_ns, end_ns=end_ns, ahead=1):
         closes = stream.start(chunk)
         if caught is not None:  # while the workers compute this chunk's features
@@ -139,6 +147,7 @@ def load_bars(
         frames=result.frames,
         books={s.symbol: m for s, m in zip(specs, met, strict=True)},
         latency_ms=latency_ms,
+        close_grace_ns=close_grace_ns,
         n_records=offset,
         rejected_records=result.rejected_records,
         health_episodes={k: len(m.episodes) for k, m in result.monitors.items()},
@@ -149,38 +158,45 @@ class _Catch:
     """The levels of the records the bars' orders meet, caught during :func:`load_bars`' one pass.
 
     :func:`agent.execution.fills.order_schedule` says which record an order meets: the
-    instrument's last record with ``ts_recv <= t + latency`` (running maximum), ``t`` that of the
-    instrument's first record after the bar's ``close_index`` (the closer). After each chunk the
-    same rule runs, for the bars closed and not settled yet, on the instrument's records since
-    the oldest of them (their stream index and running maximum ``ts_recv``; older ones can no
-    longer be met, one is kept for the clamp below). A bar is settled once its closer and a
-    record past its due time have arrived: its record can no longer change, and it is the
-    instrument's record just before that later one, which came in this chunk; so it is in this
-    chunk, or it is the instrument's last record before it, whose levels are kept. The bars
-    still open at the end are settled on the instrument's last record, as the schedule clamps
-    them. Whether an order is late is the schedule's own rule on the closers' times
+    instrument's last record with ``ts_recv <= t + latency`` (running maximum), ``t`` the
+    moment the bar is decided (:func:`feeds.bars.decision_times` of its closer: a time bar's
+    instrument's first record after the bar's ``close_index``, an event bar's record at it).
+    After each chunk the same rule runs, for the bars closed and not settled yet, on the
+    instrument's records since the oldest of them (their stream index and running maximum
+    ``ts_recv``; older ones can no longer be met, one is kept for the clamp below). A bar is
+    settled once its closer and a record past its due time have arrived: its record can no
+    longer change, and it is the instrument's record just before that later one, which came in
+    this chunk; so it is in this chunk, or it is the instrument's last record before it, whose
+    levels are kept. The bars still open at the end are settled on the instrument's last
+    record, as the schedule clamps them. Whether an order is late is the schedule's own rule
     (:func:`agent.execution.fills.late_orders`). Tests hold the records caught and the lateness
     to the schedule's over whole files (``tests/backtest/test_fast_books.py``); :meth:`finish`
     checks that every bar was settled and caught."""
 
-    def __init__(self, specs: Sequence[InstrumentSpec], latency_ms: float) -> None:
+    def __init__(
+        self, specs: Sequence[InstrumentSpec], latency_ms: float, bars: BarConfig, grace_ns: int
+    ) -> None:
         self._latency_ns = round(latency_ms * 1_000_000)
+        self._bars = bars
+        self._grace_ns = grace_ns
+        self._closer_side: Literal["left", "right"] = "right" if bars.clock == "time" else "left"
+        """Where a bar's closer is among the records, from its close index (see the class docstring)."""
         self._ids = [s.instrument_id for s in specs]
         self._index = dict.fromkeys(self._ids, _NONE)
         self._clock = dict.fromkeys(self._ids, _NONE)
         """Per instrument: its recent records' stream index and running maximum ``ts_recv``."""
-        self._open = dict.fromkeys(self._ids, _NONE)
-        """Per instrument: the close indices of its bars not settled yet."""
+        self._open = dict.fromkeys(self._ids, _NO_CLOSES)
+        """Per instrument: its bars not settled yet."""
         self._closed = dict.fromkeys(self._ids, -1)
         """Per instrument: the close index of its last bar (later bars close at or after it)."""
         self._last: dict[int, tuple[int, np.ndarray[Any, Any]]] = {}
         """Per instrument: its last record so far (stream index, levels ``[1, LEVELS]``)."""
         self._rows: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
-        self._closers: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
-        """Per instrument and settled bar: its closer's ``ts_recv`` (running maximum)."""
+        self._decided: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
+        """Per instrument and settled bar: when it is decided."""
         self._levels: dict[int, list[np.ndarray[Any, Any]]] = {i: [] for i in self._ids}
 
-    def push(self, chunk: np.ndarray[Any, Any], offset: int, closes: dict[int, np.ndarray[Any, Any]]) -> None:
+    def push(self, chunk: np.ndarray[Any, Any], offset: int, closes: dict[int, Closes]) -> None:
         """The next chunk (at ``offset`` in the stream) and the bars it closed, per instrument id
         (:meth:`feeds.features.FeatureStream.push`)."""
         ids, ts = np.ascontiguousarray(chunk["instrument_id"]), chunk["ts_recv"]  # one strided read
@@ -194,34 +210,41 @@ class _Catch:
                 self._index[iid] = np.concatenate([self._index[iid], mine + offset])
                 self._clock[iid] = np.concatenate([self._clock[iid], t])
             new = closes[iid]
-            if new.size:
-                self._closed[iid] = int(new[-1])
-            pending = np.concatenate([self._open[iid], new])
-            self._open[iid] = pending[self._settle(iid, pending, (chunk, offset)) :]
+            if new.close_index.size:
+                self._closed[iid] = int(new.close_index[-1])
+            pending = self._open[iid]
+            if new.close_index.size:
+                pending = Closes(*(np.concatenate(pair) for pair in zip(pending, new, strict=True)))
+            settled = self._settle(iid, pending, (chunk, offset))
+            self._open[iid] = Closes(pending.close_index[settled:], pending.close_ts[settled:])
             if mine.size:
                 self._last[iid] = (offset + int(mine[-1]), levels_at(chunk, mine[-1:]))
-            oldest = int(self._open[iid][0]) if self._open[iid].size else self._closed[iid]
-            if oldest >= 0:  # keep the records after it, and the one before (the clamp)
+            oldest = (
+                int(self._open[iid].close_index[0]) if self._open[iid].close_index.size else self._closed[iid]
+            )
+            if oldest >= 0:  # keep the records after it, and the one at or before it (the clamp)
                 keep = max(int(np.searchsorted(self._index[iid], oldest, side="right")) - 1, 0)
                 self._index[iid] = self._index[iid][keep:]
                 self._clock[iid] = self._clock[iid][keep:]
 
-    def _settle(
-        self, iid: int, closes: np.ndarray[Any, Any], chunk: tuple[np.ndarray[Any, Any], int] | None
-    ) -> int:
+    def _settle(self, iid: int, closes: Closes, chunk: tuple[np.ndarray[Any, Any], int] | None) -> int:
         """Settle the leading ``closes`` that can be, with ``chunk`` (records, offset) the last
         one pushed; every one at the end (``chunk`` None). Returns how many."""
         index, clock = self._index[iid], self._clock[iid]
         n = index.shape[0]
-        if not closes.size or not n:
+        if not closes.close_index.size or not n:
             return 0
-        after = np.searchsorted(index, closes, side="right")  # the closers (n: not arrived yet)
+        after = np.searchsorted(index, closes.close_index, side=self._closer_side)  # n: not arrived yet
         closer = clock[np.minimum(after, n - 1)]
-        met = np.searchsorted(clock, closer + self._latency_ns, side="right")
-        # settled: the closer arrived and a record past the due time too (a prefix of the closes)
-        settled = int(closes.shape[0] if chunk is None else np.count_nonzero((after < n) & (met < n)))
+        decided = decision_times(closer, closes.close_ts, self._bars, self._grace_ns)
+        met = np.searchsorted(clock, decided + self._latency_ns, side="right")
+        # settled: the closer arrived and a record past the due time too (a prefix of the closes:
+        # both times grow with the bars)
+        settled = int(
+            closes.close_index.shape[0] if chunk is None else np.count_nonzero((after < n) & (met < n))
+        )
         rows = index[met[:settled] - 1]
-        self._closers[iid].append(closer[:settled])
+        self._decided[iid].append(decided[:settled])
         if chunk is not None and settled and rows[0] >= chunk[1]:  # most often: all in this chunk
             records, start = chunk
             self._rows[iid].append(rows)
@@ -246,28 +269,29 @@ class _Catch:
         are settled first); called once. The levels are views of one array, end to end in
         ``specs`` order, which :func:`_columns` then takes as it is (a copy of every bar's book
         cost up to ~0.1 s of page faults on 1M records)."""
-        closers = []
+        decided = []
         for iid, bars in zip(self._ids, n_bars, strict=True):
             self._settle(iid, self._open[iid], None)
-            self._open[iid] = _NONE
+            self._open[iid] = _NO_CLOSES
             rows = np.concatenate([_NONE, *self._rows.pop(iid)])
             if rows.shape[0] != bars or (rows < 0).any():  # see the class docstring: cannot happen
                 raise BacktestError(f"the books of instrument {iid}'s orders were not all caught")
-            closers.append(np.concatenate([_NONE, *self._closers.pop(iid)]))
+            decided.append(np.concatenate([_NONE, *self._decided.pop(iid)]))
         parts = [self._levels.pop(iid) for iid in self._ids]
         every = np.empty((sum(p.shape[0] for part in parts for p in part), LEVELS), LEVEL_DTYPE)
         out, at = [], 0
-        for part, closer in zip(parts, closers, strict=True):
+        for part, times in zip(parts, decided, strict=True):
             start = at
             for p in part:
                 _words(every[at : at + p.shape[0]])[:] = _words(p)
                 at += p.shape[0]
-            out.append(MetBooks(every[start:at], late_orders(closer, self._latency_ns), closer))
+            out.append(MetBooks(every[start:at], late_orders(times, self._latency_ns), times))
         return out
 
 
 _NONE = np.zeros(0, np.int64)
 _NONE.flags.writeable = False
+_NO_CLOSES = Closes(_NONE, _NONE)
 
 
 def _words(levels: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -337,7 +361,7 @@ class FastRun(NamedTuple):
     per_row_s: float
     """Wall seconds spent in decisions per decision row (the amortised latency)."""
     clock_close_bars: int
-    """Bars a live daemon closes on the clock, before their closer (:func:`feeds.bars.clock_closes`)."""
+    """Bars closed on the clock (:func:`feeds.bars.clock_closes`)."""
     late_orders: int
     """Orders that execute after their instrument's next decision
     (:func:`agent.execution.fills.order_schedule`): the event-driven driver decides that bar
@@ -381,9 +405,9 @@ class _Columns(NamedTuple):
     (:func:`agent.execution.fills.order_schedule`) as int64 words (:func:`_words`)."""
     late: np.ndarray[Any, Any]
     orderable: np.ndarray[Any, Any]
-    """Bars closed together by one record (a gap closes empty bars too): only the last may
-    trade, as in the daemon. An empty bar (no record) was closed by the record that closed the
-    one before."""
+    """Bars decided together (a record closing empty bars within the grace): only the last may
+    trade, as in the daemon. An empty bar (no record) decided at the same moment as the bar
+    before was closed by the same record."""
 
 
 def _joined(parts: Sequence[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
@@ -413,7 +437,12 @@ def _columns(bars: BarSet, specs: Sequence[InstrumentSpec], frames: Sequence[Bar
         ts_close=np.concatenate([f.ts_close for f in frames]),
         exec_levels=_words(_joined([b.levels for b in books])),
         late=np.concatenate([b.late for b in books]),
-        orderable=np.concatenate([np.r_[f.n_records[1:] > 0, True] for f in frames]),
+        orderable=np.concatenate(
+            [
+                np.r_[(f.n_records[1:] > 0) | (b.decided_ns[1:] != b.decided_ns[:-1]), True]
+                for f, b in zip(frames, books, strict=True)
+            ]
+        ),
     )
 
 
@@ -472,6 +501,11 @@ def run_fast(
         raise BacktestError(
             f"the bars' books were met at {bars.latency_ms} ms of latency, broker.latency_ms is "
             f"{config.broker.latency_ms}"
+        )
+    if config.daemon.close_grace_ns != bars.close_grace_ns:
+        raise BacktestError(
+            f"the bars were decided with a close grace of {bars.close_grace_ns / 1e6} ms, "
+            f"daemon.close_grace_ms is {config.daemon.close_grace_ms}"
         )
     window = decider.window
     frames = [bars.frames[s.symbol] for s in specs]
@@ -548,8 +582,8 @@ def run_fast(
 
 def _clock_close_bars(bars: BarSet, symbol: str, config: Config) -> int:
     """How many of ``symbol``'s bars a live daemon closes on the clock."""
-    closer, close_ts = bars.books[symbol].closer_ns, bars.frames[symbol].ts_close
-    on_clock = clock_closes(closer, close_ts, config.feeds.bars, config.daemon.close_grace_ns)
+    decided, close_ts = bars.books[symbol].decided_ns, bars.frames[symbol].ts_close
+    on_clock = clock_closes(decided, close_ts, config.feeds.bars, config.daemon.close_grace_ns)
     return int(np.count_nonzero(on_clock))
 
 

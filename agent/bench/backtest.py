@@ -99,7 +99,15 @@ def _checkpoint(config: Config) -> Checkpoint:
 def _fast(path: Path, config: Config, checkpoint: Checkpoint, chunks: int) -> dict[str, Any]:
     specs = list(config.feeds.instruments)
     start = time.perf_counter()
-    bars = load_bars(path, specs, config.feeds, start_ns=0, end_ns=2**62, latency_ms=config.broker.latency_ms)
+    bars = load_bars(
+        path,
+        specs,
+        config.feeds,
+        start_ns=0,
+        end_ns=2**62,
+        latency_ms=config.broker.latency_ms,
+        close_grace_ns=config.daemon.close_grace_ns,
+    )
     frames = [bars.frames[s.symbol] for s in specs]
     regimes = regime_path(frames, RegimeTracker(config.regime, config.policy.scale_floor, [0.0] * len(specs)))
     load_s = time.perf_counter() - start

@@ -90,6 +90,7 @@ def run(args: argparse.Namespace, config: Config) -> dict[str, Any]:
             es,
             fee_per_contract=config.broker.fee_per_contract,
             latency_ms=config.broker.latency_ms,
+            close_grace_ns=config.daemon.close_grace_ns,
         )
         load_s = time.perf_counter() - start
         return measure(

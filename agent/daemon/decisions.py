@@ -117,7 +117,7 @@ class Decisions(Component):
             batch = [(iid, entries[k]) for iid, entries in rows.items() if k < len(entries)]
             last = {iid for iid, entries in rows.items() if len(entries) == k + 1}
             await self._round(batch, last)
-            self._guard.after_round()
+            self._guard.after_round(max(self._intake.order_ns(close) for _, (_, _, close) in batch))
 
     async def _round(self, batch: list[tuple[int, _Row]], last: set[int]) -> None:
         trading = self._trading
@@ -151,7 +151,11 @@ class Decisions(Component):
                 continue
             traded.append(j)
             order = trading.order_for(
-                closes[j], int(decided.target[j]), now_ns=self._intake.clock_ns, blocked=blocked, wall_ns=now
+                closes[j],
+                int(decided.target[j]),
+                now_ns=self._intake.order_ns(close),
+                blocked=blocked,
+                wall_ns=now,
             )
             if order is not None:
                 orders.append(order)

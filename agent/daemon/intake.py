@@ -13,10 +13,11 @@ when the decision task falls behind, the oldest bar closes are dropped and count
   source's events into an inbox, and the feed task pushes each stretch of consecutive record
   batches through the venue and the features as one array (see :meth:`Intake._live`).
 * A **replay** runs on the feed's clock, as the event-driven backtest does: the records up to
-  one that closes bars reach the venue and the features, the ledger writes they caused are
-  committed (their fills count in the position), then the bars are decided and their orders
-  placed before the next record (:meth:`Intake._replay`). A replayed day gives the backtest's
-  decisions, orders and fills.
+  the moment bars are decided (the record that closes them, or the moment the clock closes
+  them, below) reach the venue and the features, the ledger writes they caused are committed
+  (their fills count in the position), then the bars are decided and their orders placed at
+  that moment, before the next record (:meth:`Intake._replay_feed`). A replayed day gives the
+  backtest's decisions, orders and fills.
 
 A bar also closes **on the clock**: a time bar whose instrument sends nothing past its boundary
 closes ``daemon.close_grace_ms`` after that boundary, on the feed clock (:meth:`Intake._close_due`):
@@ -24,7 +25,8 @@ by the first record of any instrument stamped that late, or, on a feed that is q
 by a timer on the feed clock extrapolated with the wall clock. A bar is never closed ahead of
 records already received and not yet pushed, and a quiet instrument's decision waits for the
 grace, not for the status tick. Such bars are counted (``clock_closes``) and measured from the
-moment they close.
+moment they close, and their orders are placed at that moment on the feed clock. A replay closes
+them at the same moments (:func:`feeds.bars.decision_times`), as the backtests do.
 
 Health events of the source are counted (``feed_<kind>``, ``rejected_messages``), logged, and
 mark every builder's bars after a gap or a disconnection not tradable; gaps, reconnections and
@@ -68,6 +70,9 @@ class Close:
     frame: BarFrame
     arrival_ns: int
     """Wall clock (UNIX ns) when the batch holding the closing record was received."""
+    at_ns: int
+    """Feed clock (UNIX ns) when the bar closed: the last record pushed, or the moment the clock
+    closed it; its orders are placed no earlier (:meth:`Intake.order_ns`)."""
 
 
 class DecisionQueue:
@@ -84,9 +89,9 @@ class DecisionQueue:
     def __iter__(self) -> Iterator[Close]:
         return iter(self._closes)
 
-    def put(self, frames: list[BarFrame], arrivals_ns: list[int]) -> None:
+    def put(self, frames: list[BarFrame], arrivals_ns: list[int], at_ns: int) -> None:
         for frame, arrival_ns in zip(frames, arrivals_ns, strict=True):
-            self._closes.append(Close(frame, arrival_ns))
+            self._closes.append(Close(frame, arrival_ns, at_ns))
         while len(self._closes) > self._limit:
             self._closes.popleft()
             self._metrics.dropped("decision_queue")
@@ -105,10 +110,10 @@ class DecisionQueue:
         if not self._closes:
             self._idle.set()
 
-    async def decide(self, frames: list[BarFrame], arrivals_ns: list[int]) -> None:
+    async def decide(self, frames: list[BarFrame], arrivals_ns: list[int], at_ns: int) -> None:
         """Put the closes and wait until they are decided (a replay, on the feed's clock)."""
         self._idle.clear()
-        self.put(frames, arrivals_ns)
+        self.put(frames, arrivals_ns, at_ns)
         await self._idle.wait()
 
 
@@ -197,9 +202,10 @@ class Intake(Component):
                 self._arm()  # the timer fired early (the feed clock is extrapolated)
             return
         frames = self._features.poll(due)
-        if frames:
+        if frames:  # the orders that arrived by now execute first (the paper book's clock moves)
+            self._venue.advance(due + self._grace_ns - 1)
             self._metrics.count("clock_closes", len(frames))
-            self._queue.put(frames, [time.time_ns()] * len(frames))
+            self._queue.put(frames, [time.time_ns()] * len(frames), due + self._grace_ns)
         if self._interval_ns:
             self._next_close_ns = max(self._next_close_ns, -(-due // self._interval_ns) * self._interval_ns)
             self._arm()
@@ -246,17 +252,22 @@ class Intake(Component):
     async def _replay_feed(self, source: Source) -> None:
         """Replay on the feed's clock: each event's records pushed as one array and handed back
         run by run (:meth:`~feeds.features.IncrementalFeatures.closing_runs`), each run's closes
-        decided before the next run reaches the venue, as the event-driven backtest does."""
+        decided at their moment (their closing record's, or the clock's a grace after a quiet
+        instrument's boundary) before the next run reaches the venue, as the event-driven
+        backtest does."""
         async for event in source:
             if isinstance(event, HealthEvent):
                 self._on_health(event)
                 continue
-            for run, frame in self._features.closing_runs(event.records):
-                self._moved(int(run["ts_recv"][-1]))
-                self._venue.on_records(run)
-                if frame is not None:
+            for run in self._features.closing_runs(event.records, grace_ns=self._grace_ns):
+                if len(run.records):
+                    self._moved(int(run.records["ts_recv"][-1]))
+                    self._venue.on_records(run.records)
+                if run.on_clock:  # as live: the paper book's clock moves to the clock close
+                    self._venue.advance(run.decided_ns - 1)
+                if run.frame is not None:
                     await self._settle()
-                    await self._queue.decide([frame], [time.time_ns()])
+                    await self._queue.decide([run.frame], [time.time_ns()], run.decided_ns)
 
     async def _live(self, source: QueuedSource) -> None:
         """A live feed in coalesced runs: this task takes the events at the head of an inbox as
@@ -360,9 +371,15 @@ class Intake(Component):
         if not frames:
             return
         if isinstance(arrival, int):
-            self._queue.put(frames, [arrival] * len(frames))
+            self._queue.put(frames, [arrival] * len(frames), self.clock_ns)
         else:
-            self._queue.put(frames, closing_arrivals(records, arrival, frames))
+            self._queue.put(frames, closing_arrivals(records, arrival, frames), self.clock_ns)
+
+    def order_ns(self, close: Close) -> int:
+        """The feed time an order of ``close`` is placed at: the feed clock now, and never before
+        the bar closed (a bar closed on the clock is placed at that moment, not at the last
+        record's time, which is earlier)."""
+        return max(self.clock_ns, close.at_ns)
 
     def _moved(self, ts_recv: int) -> None:
         self.clock_ns = max(self.clock_ns, ts_recv)

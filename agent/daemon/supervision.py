@@ -58,27 +58,30 @@ class RiskGuard:
         self.flattening = False
         """A flatten is closing the positions (no new orders from decisions meanwhile)."""
 
-    def after_round(self) -> None:
+    def after_round(self, now_ns: int) -> None:
         """A loss or drawdown breach latches a ``risk`` halt and starts the flatten; a flatten in
-        progress takes its next step."""
+        progress takes its next step. ``now_ns``: the round's time on the feed clock (its orders'
+        time, :meth:`agent.daemon.intake.Intake.order_ns`)."""
         halts = self._events.halts
-        breach = self._trading.check_risk(self._intake.clock_ns, latched="risk" in halts.active)
+        breach = self._trading.check_risk(now_ns, latched="risk" in halts.active)
         if breach:
             log.error("risk limit breached: %s; flattening and halting", breach)
             self._events.halt("risk", breach)
             self._events.emit("halt", breach, details={"kind": "risk"})
             self.flattening = True
         if self.flattening:
-            self.step()
+            self.step(now_ns)
 
     def flatten(self) -> None:
         """Start a flatten (``tradeagent ctl flatten``) and take its first step."""
         self.flattening = True
         self.step()
 
-    def step(self) -> None:
-        """Cancel open orders, then close each position with a market order; repeat until flat."""
-        orders = self._trading.flatten(self._intake.clock_ns, wall_ns=time.time_ns())
+    def step(self, now_ns: int | None = None) -> None:
+        """Cancel open orders, then close each position with a market order; repeat until flat.
+        ``now_ns``: the feed time of the orders (the feed clock when ``None``)."""
+        at = self._intake.clock_ns if now_ns is None else now_ns
+        orders = self._trading.flatten(at, wall_ns=time.time_ns())
         if orders is None:
             self.flattening = False
             log.info("flat")

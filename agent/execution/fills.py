@@ -25,6 +25,8 @@ import numpy as np
 
 from agent.execution.config import FillPrice
 from agent.model.arrays import Array, array_module
+from feeds.bars import decision_times
+from feeds.config import BarConfig
 from feeds.records import UNDEF_PRICE
 
 __all__ = [
@@ -171,42 +173,70 @@ class OrderSchedule(NamedTuple):
     """The index in ``records`` of the book the bar's order meets."""
     late: np.ndarray[Any, Any]
     """Whether the order would still be waiting when the next bar is decided."""
+    decided_ns: np.ndarray[Any, Any]
+    """When the bar is decided and its order placed (:func:`feeds.bars.decision_times`)."""
 
 
 def order_schedule(
-    records: np.ndarray[Any, Any], instrument_id: int, close_index: Array, latency_ms: float
+    records: np.ndarray[Any, Any],
+    instrument_id: int,
+    close_index: Array,
+    close_ts: Array,
+    latency_ms: float,
+    *,
+    bars: BarConfig,
+    grace_ns: int,
 ) -> OrderSchedule:
-    """Per bar, the book its order meets as the paper broker has it: the instrument's last record
-    with ``ts_recv <= t + latency``, ``t`` the ``ts_recv`` of the record after the bar's close
-    (the one that closed it); and whether that order is late: the broker executes an order on the
-    instrument's first record after its arrival, so it is late unless it arrives before the
-    record that closes the next bar (the last bar has no next decision: never late).
-    ``close_index``: the bars' last record indices (:attr:`feeds.features.BarFrame.close_index`)."""
+    """Per bar, the book its order meets as the paper broker has it, and whether that order is
+    late. ``close_index`` and ``close_ts``: the bars' last record indices and close times
+    (:attr:`feeds.features.BarFrame.close_index`, ``ts_close``) on the ``bars`` clock;
+    ``grace_ns``: ``daemon.close_grace_ns``.
+
+    The bar is decided at :func:`feeds.bars.decision_times` of its closer (a time bar's first
+    record after it, an event bar's own last record; clocks are the instrument's running maximum
+    of ``ts_recv``): at the closer, or on the clock a grace after a quiet time bar's close. Its
+    order, placed then, meets the instrument's last record with ``ts_recv <= decided + latency``.
+    The broker executes it at the instrument's first record after that arrival, or when the
+    clock closes a bar past it (the intake moves the paper book's clock then), so it is late
+    unless it arrives before the next bar is decided (:func:`late_orders`)."""
     mine = np.flatnonzero(records["instrument_id"] == instrument_id)
     ts = np.maximum.accumulate(records["ts_recv"][mine].astype(np.int64))
-    nxt = np.minimum(np.searchsorted(mine, close_index, side="right"), mine.shape[0] - 1)
-    closer = ts[nxt]
+    at = np.searchsorted(mine, close_index, side="right" if bars.clock == "time" else "left")
+    closer = ts[np.minimum(at, mine.shape[0] - 1)]
+    decided = np.asarray(decision_times(closer, np.asarray(close_ts, dtype=np.int64), bars, grace_ns))
     latency_ns = round(latency_ms * 1_000_000)
-    due = closer + latency_ns
     return OrderSchedule(
-        rows=mine[np.searchsorted(ts, due, side="right") - 1], late=late_orders(closer, latency_ns)
+        rows=mine[np.searchsorted(ts, decided + latency_ns, side="right") - 1],
+        late=late_orders(decided, latency_ns),
+        decided_ns=decided,
     )
 
 
-def late_orders(closer_ns: np.ndarray[Any, Any], latency_ns: int) -> np.ndarray[Any, Any]:
-    """:attr:`OrderSchedule.late` of an instrument's bars from their closers' ``ts_recv``
-    (running maximum, int64 ``[bars]``): an order placed at its closer arrives ``latency_ns``
-    later and is late unless that is before the next bar's closer."""
-    late = np.zeros(closer_ns.shape[0], dtype=bool)
-    late[:-1] = closer_ns[:-1] + latency_ns >= closer_ns[1:]
+def late_orders(decided_ns: np.ndarray[Any, Any], latency_ns: int) -> np.ndarray[Any, Any]:
+    """:attr:`OrderSchedule.late` of an instrument's bars from when they are decided (int64
+    ``[bars]``): an order placed at ``decided_ns`` arrives ``latency_ns`` later and is late
+    unless that is before the next bar is decided (by its closer, which executes the order, or
+    by the clock, which moves the paper book's clock first; the last bar has no next decision:
+    never late)."""
+    late = np.zeros(decided_ns.shape[0], dtype=bool)
+    late[:-1] = decided_ns[:-1] + latency_ns >= decided_ns[1:]
     return late
 
 
 def execution_rows(
-    records: np.ndarray[Any, Any], instrument_id: int, close_index: Array, latency_ms: float
+    records: np.ndarray[Any, Any],
+    instrument_id: int,
+    close_index: Array,
+    close_ts: Array,
+    latency_ms: float,
+    *,
+    bars: BarConfig,
+    grace_ns: int,
 ) -> np.ndarray[Any, Any]:
     """Per bar, the index in ``records`` of the book its order meets (:func:`order_schedule`)."""
-    return order_schedule(records, instrument_id, close_index, latency_ms).rows
+    return order_schedule(
+        records, instrument_id, close_index, close_ts, latency_ms, bars=bars, grace_ns=grace_ns
+    ).rows
 
 
 def step_pnl_ticks(

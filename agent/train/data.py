@@ -45,11 +45,13 @@ def load_archive(
     *,
     fee_per_contract: float,
     latency_ms: float,
+    close_grace_ns: int,
     on_file: Callable[[Path], None] | None = None,
 ) -> dict[str, InstrumentBars]:
     """Bars of ``instruments`` from every DBN file under ``path``, in time order, each with the
-    best bid and ask of the book an order sent at its close meets ``latency_ms`` later (the
-    paper broker's rule: :func:`agent.execution.fills.execution_rows`).
+    best bid and ask of the book an order sent when the bar is decided meets ``latency_ms``
+    later (the paper broker's rule, the daemon's moment of decision with its ``close_grace_ns``:
+    :func:`agent.execution.fills.execution_rows`).
 
     Raises :class:`TrainError` when an instrument has no bar at all, and the feeds errors
     (``DBNFormatError``) for unreadable input. ``on_file`` is called after each file.
@@ -67,7 +69,15 @@ def load_archive(
                 frame = result.frames[spec.symbol]
                 if len(frame):
                     frames[spec.symbol].append(frame)
-                    rows = execution_rows(records, spec.instrument_id, frame.close_index, latency_ms)
+                    rows = execution_rows(
+                        records,
+                        spec.instrument_id,
+                        frame.close_index,
+                        frame.ts_close,
+                        latency_ms,
+                        bars=feeds.bars,
+                        grace_ns=close_grace_ns,
+                    )
                     books[spec.symbol].append(
                         np.stack([records["bid_px_00"][rows], records["ask_px_00"][rows]]).astype(np.int64)
                     )

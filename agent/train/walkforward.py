@@ -111,6 +111,7 @@ def _load_bars(
         specs,
         fee_per_contract=config.broker.fee_per_contract,
         latency_ms=config.broker.latency_ms,
+        close_grace_ns=config.daemon.close_grace_ns,
         on_file=lambda _f: progress.advance("load"),
     )
 

@@ -12,11 +12,11 @@ import bisect
 import collections
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from feeds.bars import BarClock
+from feeds.bars import BarClock, decision_times
 from feeds.book import BookSnapshot, tick_fixed
 from feeds.config import BarConfig, HealthConfig, InstrumentSpec
 from feeds.dbn.framing import mbp10_header_ok, take_mbp10
@@ -52,7 +52,7 @@ from feeds.features.statistics import (
 from feeds.health import HealthMonitor, PrevTop, fault_mask, record_faults, valid_top
 from feeds.records import ACTION_TRADE, LEVELS, MBP10_RTYPE, SIDE_ASK, SIDE_BID, UNDEF_PRICE
 
-__all__ = ["IncrementalBars", "IncrementalFeatures"]
+__all__ = ["NO_CLOSER", "IncrementalBars", "IncrementalFeatures", "Run"]
 
 
 def _layout(widths: Sequence[int]) -> list[slice]:
@@ -83,14 +83,18 @@ _ROW_PARTS = (
     ("end_sizes", 2 * LEVELS),  # bid sizes, ask sizes of the bar's last record
     ("ofi_corrections", LEVELS),  # the price-change corrections and excluded pairs of the bar
     ("closed_by", 1),  # the record that closed it: its index among the instrument's, -1 by the clock
+    ("closer_ns", 1),  # that record's clock (running maximum of ts_recv); NO_CLOSER by the clock
 )
 """A closed bar waiting for its frame (:attr:`IncrementalBars.closed`), all ints, in this
 order: its statistics (:class:`BarStatistics` names), the levels of the book at its close and
 the sizes at its last record (the book and the order-flow imbalance of the bars one call closes
 are computed from them together, as arrays), and the record whose arrival closed it
-(:meth:`IncrementalFeatures.closing_runs` hands each bar over with that record)."""
+(:meth:`IncrementalFeatures.closing_runs` hands each bar over with that record, or at the
+moment the clock closes it)."""
 _ROW = dict(zip((name for name, _ in _ROW_PARTS), _layout([width for _, width in _ROW_PARTS]), strict=True))
 _P = {name: at.start for name, at in _ROW.items()}  # the column of a one-int part
+NO_CLOSER = 2**62
+"""The ``closer_ns`` of a bar closed by the clock (later than any record)."""
 
 
 class IncrementalBars:
@@ -125,6 +129,7 @@ class IncrementalBars:
         self._stale_ns = stale_interval_ns(health)
         self.tick = tick_fixed(instrument.tick_size)
         """The instrument's tick, fixed point."""
+        self.bar_config = bars
         self._clock = BarClock(bars, self._stale_ns)
         self.monitor = HealthMonitor(instrument.instrument_id, instrument.symbol)
         self._n_seen = 0
@@ -210,7 +215,7 @@ class IncrementalBars:
         if f[F_IID] != self.spec.instrument_id:
             raise UnknownInstrument(f"record of instrument {f[F_IID]} pushed to {self.spec.symbol}")
         self.add_unpacked(f)
-        return self._take_frame()
+        return self.take_frame()
 
     def push_records(self, records: np.ndarray) -> list[BarFrame]:
         """:meth:`push` each record of ``records`` (this instrument only, arrival order); the bars
@@ -253,12 +258,23 @@ class IncrementalBars:
         if self._last is not None and now_ns - clock > self._stale_ns:
             self._stale_open = True
             self.monitor.silence(clock, None, self._stale_ns)
+        self.close_on_clock(now_ns)
+        return self.take_frame()
+
+    def close_on_clock(self, now_ns: int) -> None:
+        """Close the time bars due strictly before ``now_ns`` (they wait in :attr:`closed`),
+        without judging the feed stale (a replay's clock closes: the stale episodes are the
+        records' to tell, as on the vectorised path)."""
         closes = self._clock.on_clock(now_ns)
         if closes:
-            self._close(closes, clock, -1)
-        return self._take_frame()
+            self._close(closes, self._clock.clock_ts, -1)
 
-    def _take_frame(self) -> BarFrame | None:
+    @property
+    def clock_ns(self) -> int:
+        """The clock (running maximum of ``ts_recv``) of the last record, 0 before any."""
+        return self._clock.clock_ts
+
+    def take_frame(self) -> BarFrame | None:
         """The frame of the bars closed since the last call (``None`` when none)."""
         frames = _take_frames([self])
         return frames[0] if frames else None
@@ -412,7 +428,9 @@ class IncrementalBars:
         """Close the bars at ``closes``: the open bar (when it holds records) and empty bars;
         their rows (:data:`_ROW_PARTS`) wait in :attr:`closed`. ``last_clock`` is the
         clock of the last record before the close; ``closed_by`` the index of the record that
-        closes them among this instrument's (-1: the caller's clock)."""
+        closes them among this instrument's (-1: the caller's clock; the record closing them is
+        the last one added, whose clock is the bars' ``closer_ns``)."""
+        closer_ns = self._clock.clock_ts if closed_by >= 0 else NO_CLOSER
         if self._masks and (self._n_bad or self.monitor.failing_records()):
             self.monitor.observe(np.array(self._ts, np.int64), np.array(self._masks, np.uint8))
         for j, close in enumerate(closes):
@@ -453,6 +471,7 @@ class IncrementalBars:
                     *self._end_sizes,
                     *ofi,
                     closed_by,
+                    closer_ns,
                 )
             )
             self._close_mid2 = self._mid2
@@ -530,6 +549,21 @@ class _Shown:
         return self.before if j < 0 else RECORD.unpack_from(self.raw, self.places[j] * RECORD_SIZE)
 
 
+class Run(NamedTuple):
+    """One step of a replay (:meth:`IncrementalFeatures.closing_runs`)."""
+
+    records: np.ndarray
+    """The records that reach the book before the decision (possibly none)."""
+    frame: BarFrame | None
+    """The bars decided then (one instrument's, in close order); ``None``: records only."""
+    decided_ns: int
+    """The moment, on the feed clock, of the decision (:func:`feeds.bars.decision_times`): its
+    orders are placed then."""
+    on_clock: bool
+    """The clock decides the bars, not a record: the feed clock moved to ``decided_ns`` without
+    one (the paper book's clock moves with it)."""
+
+
 class IncrementalFeatures:
     """:class:`IncrementalBars` for several instruments: routes raw records by instrument id.
 
@@ -566,11 +600,20 @@ class IncrementalFeatures:
         self._route(np.ascontiguousarray(records))
         return _take_frames(list(self.by_id.values()))
 
-    def closing_runs(self, records: np.ndarray) -> Iterator[tuple[np.ndarray, BarFrame | None]]:
+    def closing_runs(self, records: np.ndarray, *, grace_ns: int) -> Iterator[Run]:
         """``records`` (any instruments, arrival order) pushed as one array
-        (:meth:`push_records`), handed back as a replay that pushes them one at a time meets
-        them: each run of records that ends with a record closing bars, with the bars it
-        closed (one instrument's, in close order), then the records left (frame ``None``).
+        (:meth:`push_records`), handed back as a replay on the feed clock meets them: each
+        :class:`Run` of records up to the moment bars are decided, with the bars decided then
+        (one instrument's, in close order) and that moment; then the records left (frame
+        ``None``).
+
+        A bar is decided when the daemon's intake closes it (:func:`feeds.bars.decision_times`,
+        ``grace_ns`` = ``daemon.close_grace_ns``): at the record that closes it, or, for a time
+        bar whose instrument is quiet past the grace, on the clock, after the last record
+        (of any instrument) stamped before that moment. Each bar the clock closes is its own
+        run; a run may then hold no record. The time bars due by the clock of the batch's
+        last record are closed here; those due later wait for the next batch (the end of the
+        data closes none).
 
         While a run is out, each instrument's :meth:`IncrementalBars.book` is its book as of the
         run's last record, so a caller that decides the bars before taking the next run sees
@@ -581,24 +624,46 @@ class IncrementalFeatures:
         contiguous = np.ascontiguousarray(records)
         builders = list(self.by_id.values())
         before = [(b.records_seen, b.book_record) for b in builders]
+        feed_before = max(b.clock_ns for b in builders)
         ids, good = self._route(contiguous)
-        # where each builder's records are in the batch, and the bars it closed with the record
-        # (its index among the builder's) that closed them
+        feed_ns = max(b.clock_ns for b in builders)
+        for builder in builders:  # the bars whose time is up by the batch's last record
+            builder.close_on_clock(feed_ns - grace_ns)
+        # the feed clock at each record of the batch (its configured instruments' records)
+        clock = np.where(good, contiguous["ts_recv"], 0).astype(np.int64)
+        np.maximum.accumulate(np.maximum(clock, feed_before), out=clock)
+        # where each builder's records are in the batch
         places = {
             b: (np.flatnonzero(good & (ids == b.spec.instrument_id)), seen, last)
             for b, (seen, last) in zip(builders, before, strict=True)
             if b.records_seen > seen
         }
-        closed_by = _P["closed_by"]
-        ends: list[int] = []  # each run's last record in the batch
+        keys: list[
+            tuple[int, int, bool]
+        ] = []  # each run's last record in the batch, its moment, by the clock
         parts: list[tuple[InstrumentSpec, int]] = []  # its instrument and number of bars
         for builder in builders:
-            if builder.closed:
+            if not builder.closed:
+                continue
+            rows = np.array([row[_P["close_ts"] : _P["closer_ns"] + 1] for row in builder.closed], np.int64)
+            close_ts, closed_by, closer = rows[:, 0], rows[:, -2], rows[:, -1]
+            decided = decision_times(closer, close_ts, builder.bar_config, grace_ns)
+            ends = np.searchsorted(clock, decided, side="left") - 1  # by the clock
+            by_record = decided == closer
+            if by_record.any():
                 at, seen, _ = places[builder]
-                closing = at[np.array([row[closed_by] for row in builder.closed]) - seen]
-                starts = np.flatnonzero(np.diff(closing, prepend=-1))
-                ends.extend(closing[starts].tolist())
-                parts.extend((builder.spec, n) for n in np.diff(starts, append=len(closing)).tolist())
+                ends[by_record] = at[closed_by[by_record] - seen]
+            # a run: the consecutive bars decided at one moment by one closer
+            starts = np.flatnonzero(np.diff(decided, prepend=-1) | np.diff(closed_by, prepend=-2))
+            keys.extend(
+                zip(
+                    ends[starts].tolist(),
+                    decided[starts].tolist(),
+                    (~by_record[starts]).tolist(),
+                    strict=True,
+                )
+            )
+            parts.extend((builder.spec, n) for n in np.diff(starts, append=len(rows)).tolist())
         frames = _take_frames(builders, parts)
         raw = contiguous.data.cast("B")
         showing = [(b, _Shown(raw, at.tolist(), last)) for b, (at, _, last) in places.items()]
@@ -606,17 +671,17 @@ class IncrementalFeatures:
         try:
             for builder, shown in showing:
                 builder.show(shown)
-            for run in sorted(range(len(ends)), key=ends.__getitem__):
-                end = ends[run]
+            for run in sorted(range(len(keys)), key=keys.__getitem__):
+                end, decided_ns, on_clock = keys[run]
                 for _, shown in showing:
                     shown.end = end
-                yield records[start : end + 1], frames[run]
-                start = end + 1
+                yield Run(records[start : end + 1], frames[run], decided_ns, on_clock)
+                start = max(start, end + 1)
         finally:
             for builder, _ in showing:
                 builder.show_last()
         if start < records.shape[0]:
-            yield records[start:], None
+            yield Run(records[start:], None, int(clock[-1]), False)
 
     def _route(self, contiguous: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Add every MBP-10 record of a configured instrument in ``contiguous`` (an array of

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from feeds.records import MBP10_DTYPE
 
 __all__ = [
     "FILE_CHUNK_RECORDS",
+    "Closes",
     "FeatureSet",
     "FeatureStream",
     "compute_all",
@@ -42,8 +44,20 @@ __all__ = [
 _NO_ID = -1
 """The instrument id :class:`FeatureStream` gives a record that is not MBP-10 (real ids are
 uint32)."""
-_NO_CLOSES = np.zeros(0, np.int64)
-_NO_CLOSES.flags.writeable = False
+
+
+class Closes(NamedTuple):
+    """The bars one chunk closed for one instrument (:meth:`FeatureStream.push`), int64 each."""
+
+    close_index: np.ndarray
+    """Their :attr:`BarFrame.close_index` (ascending)."""
+    close_ts: np.ndarray
+    """Their close times (:attr:`BarFrame.ts_close`)."""
+
+
+_NONE = np.zeros(0, np.int64)
+_NONE.flags.writeable = False
+_NO_CLOSES = Closes(_NONE, _NONE)
 _GROUP_RECORDS = 1 << 15
 """The vectorised path runs :func:`bar_statistics` over groups of whole bars of about this many
 records (~12 MB): each group's records are gathered from the chunk just before it reads them,
@@ -74,11 +88,10 @@ class _InstrumentStream:
         self._clock_before = 0  # running maximum of ts_recv before the open bar
         self._frames: list[BarFrame] = []
 
-    def push(self, chunk: np.ndarray, positions: np.ndarray | None, offset: int) -> np.ndarray:
+    def push(self, chunk: np.ndarray, positions: np.ndarray | None, offset: int) -> Closes:
         """Add this instrument's records of ``chunk`` (contiguous :data:`MBP10_DTYPE`): all of
         them when ``positions`` is ``None``, else ``chunk[positions]``. ``offset`` is the
-        chunk's position in the stream (for ``close_index``). Returns the ``close_index`` of the
-        bars it closed."""
+        chunk's position in the stream (for ``close_index``). Returns the bars it closed."""
         local = np.arange(len(chunk), dtype=np.int64) if positions is None else positions
         if not len(local):
             return _NO_CLOSES
@@ -115,7 +128,11 @@ class _InstrumentStream:
         self._tail = _gather(tail, chunk, positions, used, len(index))
         self._tail_index = index[used:]
         new = self._frames[closed:]
-        return np.concatenate([f.close_index for f in new]) if new else _NO_CLOSES
+        if not new:
+            return _NO_CLOSES
+        if len(new) == 1:
+            return Closes(new[0].close_index, new[0].ts_close)
+        return Closes(np.concatenate([f.close_index for f in new]), np.concatenate([f.ts_close for f in new]))
 
     def frame(self) -> BarFrame:
         """The bars closed so far (the open bar's records are not used)."""
@@ -192,12 +209,12 @@ class FeatureStream:
         self._offset = 0
         self._rejected = 0
 
-    def push(self, records: np.ndarray) -> dict[int, np.ndarray]:
+    def push(self, records: np.ndarray) -> dict[int, Closes]:
         """Add the next chunk (1-D :data:`MBP10_DTYPE`, any instruments, arrival order); returns,
-        per instrument id, the ``close_index`` of the bars it closed (ascending)."""
+        per instrument id, the bars it closed."""
         return self.start(records)()
 
-    def start(self, records: np.ndarray) -> Callable[[], dict[int, np.ndarray]]:
+    def start(self, records: np.ndarray) -> Callable[[], dict[int, Closes]]:
         """:meth:`push` without waiting: the instruments' features of the chunk are computed on
         the worker threads while the caller goes on; the returned waiter gives :meth:`push`'s
         result. Call it before the next :meth:`start` or :meth:`result`."""
@@ -211,7 +228,7 @@ class FeatureStream:
         self._rejected += int(chunk.shape[0] - np.count_nonzero(valid))
         self._offset += chunk.shape[0]
 
-        def push(stream: _InstrumentStream, mine: np.ndarray) -> np.ndarray:
+        def push(stream: _InstrumentStream, mine: np.ndarray) -> Closes:
             return stream.push(chunk, None if mine.all() else np.flatnonzero(mine), offset)
 
         if len(self._streams) > 1:

@@ -37,7 +37,15 @@ def test_mid_fills_are_at_the_mid_of_the_book_met_in_both_drivers(
     signal_data: Path, checkpoint_file: Path, tmp_path: Path
 ) -> None:
     config = _mid_fills(backtest_config(tmp_path / "state"))
-    bars = load_bars(signal_data, INSTRUMENTS, config.feeds, 0, 2**62, latency_ms=config.broker.latency_ms)
+    bars = load_bars(
+        signal_data,
+        INSTRUMENTS,
+        config.feeds,
+        0,
+        2**62,
+        latency_ms=config.broker.latency_ms,
+        close_grace_ns=config.daemon.close_grace_ns,
+    )
     frames = [bars.frames[s.symbol] for s in INSTRUMENTS]
     decider = ModelDecider(
         checkpoint_from_bytes(checkpoint_file.read_bytes()),
@@ -57,7 +65,16 @@ def test_mid_fills_are_at_the_mid_of_the_book_met_in_both_drivers(
     records = read_mbp10(signal_data)  # in feed order, as the backtest read them
     for i, (spec, frame) in enumerate(zip(INSTRUMENTS, frames, strict=True)):
         mine = f["instrument"] == i
-        met = records[execution_rows(records, spec.instrument_id, frame.close_index, 0.0)[f["bar"][mine]]]
+        rows = execution_rows(
+            records,
+            spec.instrument_id,
+            frame.close_index,
+            frame.ts_close,
+            config.broker.latency_ms,
+            bars=config.feeds.bars,
+            grace_ns=config.daemon.close_grace_ns,
+        )
+        met = records[rows[f["bar"][mine]]]
         mid = (met["bid_px_00"].astype(np.float64) + met["ask_px_00"].astype(np.float64)) / 2
         np.testing.assert_array_equal(f["price"][mine], np.rint(mid))
     # the event-driven driver (the paper broker) fills the same, to the books

@@ -24,8 +24,9 @@ SPECS = [InstrumentSpec(symbol="ES", instrument_id=1001), InstrumentSpec(symbol=
 @pytest.fixture(scope="module")
 def feed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A busy ES and an NQ that trades rarely: NQ is quiet for whole chunks, so the record an
-    NQ order meets often came several chunks before the one that settles it. Both record counts
-    are multiples of 8: the last event bar of each has no closer (the schedule's clamp)."""
+    NQ order meets often came several chunks before the one that settles it, and NQ's time bars
+    are often decided on the clock. Both record counts are multiples of 8: the last event bar of
+    each ends at the instrument's last record."""
     es = random_book(6000, seed=1, instrument_id=1001, mean_gap_ns=2_000_000)
     nq = random_book(80, seed=2, instrument_id=1002, mean_gap_ns=150_000_000)
     records = np.concatenate([es, nq])
@@ -45,22 +46,33 @@ def feed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     "bars", [BarConfig(clock="time", interval_s=0.5), BarConfig(clock="events", events=8)]
 )
 @pytest.mark.parametrize("latency_ms", [0.0, 0.0001, 3.0, 900.0])
+@pytest.mark.parametrize("grace_ms", [0.0, 50.0, 60_000.0])
 def test_the_books_caught_in_one_pass_are_the_schedules(
-    feed: Path, bars: BarConfig, latency_ms: float, monkeypatch: pytest.MonkeyPatch
+    feed: Path, bars: BarConfig, latency_ms: float, grace_ms: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    grace_ns = round(grace_ms * 1e6)
     base = load_config(env={}).feeds
     feeds = msgspec.structs.replace(base, instruments=tuple(SPECS), bars=bars)
     records = read_mbp10(feed)
     for chunk in (5, 97, 1 << 16):
         monkeypatch.setattr(fast, "_CHUNK_RECORDS", chunk)
-        got = fast.load_bars(feed, SPECS, feeds, 0, 2**62, latency_ms=latency_ms)
+        got = fast.load_bars(feed, SPECS, feeds, 0, 2**62, latency_ms=latency_ms, close_grace_ns=grace_ns)
         assert got.n_records == records.shape[0]
         for spec in SPECS:
             frame = got.frames[spec.symbol]
             assert len(frame) > 5
-            schedule = order_schedule(records, spec.instrument_id, frame.close_index, latency_ms)
+            schedule = order_schedule(
+                records,
+                spec.instrument_id,
+                frame.close_index,
+                frame.ts_close,
+                latency_ms,
+                bars=bars,
+                grace_ns=grace_ns,
+            )
             books = got.books[spec.symbol]
             assert np.array_equal(books.late, schedule.late)
+            assert np.array_equal(books.decided_ns, schedule.decided_ns)
             expected = levels_at(records, schedule.rows)
             assert books.levels.tobytes() == expected.tobytes(), (spec.symbol, chunk)
 
@@ -71,7 +83,7 @@ def test_the_driver_reads_the_books_where_they_were_caught(feed: Path) -> None:
     concatenate them otherwise (another order, an instrument in several slots)."""
     base = load_config(env={}).feeds
     feeds = msgspec.structs.replace(base, instruments=tuple(SPECS), bars=BarConfig(clock="events", events=8))
-    bars = fast.load_bars(feed, SPECS, feeds, 0, 2**62, latency_ms=3.0)
+    bars = fast.load_bars(feed, SPECS, feeds, 0, 2**62, latency_ms=3.0, close_grace_ns=50_000_000)
     for specs, in_place in ((SPECS, True), (SPECS[:1], True), (SPECS[::-1], False), ([SPECS[0]] * 2, False)):
         cols = fast._columns(bars, specs, [bars.frames[s.symbol] for s in specs])
         expected = np.concatenate([bars.books[s.symbol].levels for s in specs])

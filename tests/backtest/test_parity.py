@@ -13,7 +13,8 @@ import pytest
 
 from agent.backtest.api import BacktestRequest, BacktestResult, run_backtest
 from agent.config import Config
-from agent.execution.fills import order_schedule
+from agent.execution.fills import OrderSchedule, order_schedule
+from feeds.config import BarConfig
 from feeds.dbn import read_mbp10
 from feeds.records import MBP10_DTYPE
 from tests.backtest.conftest import backtest_config
@@ -27,16 +28,27 @@ class _Quiet:
         return None
 
 
-def _run(data: Path, ckpt: Path, tmp: Path, *, fast: bool) -> BacktestResult:
-    config = backtest_config(tmp / "state")
+def _run(data: Path, ckpt: Path, config: Config, *, fast: bool) -> BacktestResult:
     return run_backtest(
         config, BacktestRequest(data=data, checkpoint=str(ckpt), fast=fast, chunks=1), _Quiet()
     )
 
 
-def test_event_and_fast_drivers_agree(signal_data: Path, checkpoint_file: Path, tmp_path: Path) -> None:
-    event = _run(signal_data, checkpoint_file, tmp_path, fast=False)
-    fast = _run(signal_data, checkpoint_file, tmp_path, fast=True)
+BARS = {"time": None, "events": BarConfig(clock="events", events=6)}
+"""The default one-second bars (most decided on the clock on this thin feed), and event bars
+(each decided at its own last record)."""
+
+
+@pytest.mark.parametrize("clock", list(BARS))
+def test_event_and_fast_drivers_agree(
+    signal_data: Path, checkpoint_file: Path, tmp_path: Path, clock: str
+) -> None:
+    config = backtest_config(tmp_path / "state")
+    bars = BARS[clock]
+    if bars is not None:
+        config = msgspec.structs.replace(config, feeds=msgspec.structs.replace(config.feeds, bars=bars))
+    event = _run(signal_data, checkpoint_file, config, fast=False)
+    fast = _run(signal_data, checkpoint_file, config, fast=True)
     assert event.summary.fills > 20, "the model should trade on this data"
     for key in ("ts_ns", "instrument", "bar", "action", "valid", "target", "position"):
         np.testing.assert_array_equal(event.decisions[key], fast.decisions[key], err_msg=key)
@@ -51,10 +63,14 @@ def test_event_and_fast_drivers_agree(signal_data: Path, checkpoint_file: Path, 
     assert abs(event.summary.ledger_pnl - event.summary.performance.pnl) < 1e-6
     assert set(event.summary.baselines) == {"flat", "random", "long"}
     assert event.summary.baselines["flat"].pnl == 0.0
-    # both count the bars a live daemon would close on the clock, as the records say
+    # both count the bars decided on the clock, as the records say
     on_clock = event.summary.health["clock_close_bars"]
-    assert on_clock == fast.summary.health["clock_close_bars"] == _clock_close_bars(signal_data, event)
-    assert 0 < on_clock < event.summary.bars  # this synthetic feed is thin: most bars wait for a record
+    assert on_clock == fast.summary.health["clock_close_bars"]
+    if clock == "time":
+        assert on_clock == _clock_close_bars(signal_data, event)
+        assert 0 < on_clock < event.summary.bars  # this synthetic feed is thin: most bars wait for a record
+    else:
+        assert on_clock == 0
 
 
 def _clock_close_bars(data: Path, result: BacktestResult) -> int:
@@ -131,7 +147,22 @@ def test_order_schedule_marks_orders_arriving_after_the_next_close() -> None:
     records["ts_recv"] = [0, 100, 150, 200, 300, 1_000]
     # bars end at records 0, 1, 3 and 4 (the record after each one closes it: 1, 3, 4, 5)
     close_index = np.asarray([0, 1, 3, 4])
-    late = order_schedule(records, 7, close_index, latency_ms=0.0001).late  # 100 ns
+    close_ts = np.asarray([0, 100, 200, 300])  # 100 ns time bars
+    bars = BarConfig(clock="time", interval_s=1e-7)
+
+    def schedule(latency_ms: float, grace_ns: int) -> OrderSchedule:
+        return order_schedule(records, 7, close_index, close_ts, latency_ms, bars=bars, grace_ns=grace_ns)
+
+    late = schedule(0.0001, 10_000).late  # 100 ns; no bar waits past the grace
     # arrivals 200, 300, 400, 1_100 against the next bars' closing records 200, 300, 1_000
     np.testing.assert_array_equal(late, [True, True, False, False])
-    assert not order_schedule(records, 7, close_index, latency_ms=0.0).late.any()
+    assert not schedule(0.0, 10_000).late.any()
+    # a grace of 20 ns: every closer comes later, so the bars are decided on the clock at 21,
+    # 121, 221 and 321, each before its closer, and their orders meet the records before
+    on_clock = schedule(0.0, 20)
+    np.testing.assert_array_equal(on_clock.decided_ns, [21, 121, 221, 321])
+    np.testing.assert_array_equal(on_clock.rows, [0, 1, 3, 4])
+    # the next decision has seen the records at 100, 200 and 300: without latency each order
+    # arrives before that record (it executes on it); at 100 ns (arrivals 121, 221, 321) after
+    assert not on_clock.late.any()
+    np.testing.assert_array_equal(schedule(0.0001, 20).late, [True, True, True, False])

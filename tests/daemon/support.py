@@ -439,18 +439,24 @@ async def _no_settle() -> None:
 
 
 def live_intake(
-    config: Config, source: Source, features: IncrementalFeatures, *, queue: int, **clock: int
+    config: Config,
+    source: Source,
+    features: IncrementalFeatures,
+    *,
+    queue: int,
+    venue: PaperVenue | None = None,
+    **clock: int,
 ) -> tuple[Intake, DecisionQueue, DaemonMetrics]:
-    """The daemon's intake of a live feed on its own: ``source`` through the paper venue and
-    ``features`` into a decision queue of ``queue`` closes (``clock``: ``bar_interval_ns``,
-    ``close_grace_ns``, for bars that close on the clock)."""
+    """The daemon's intake of a live feed on its own: ``source`` through the paper venue (a new
+    one unless given) and ``features`` into a decision queue of ``queue`` closes (``clock``:
+    ``bar_interval_ns``, ``close_grace_ns``, for bars that close on the clock)."""
     metrics = DaemonMetrics()
     decisions = DecisionQueue(queue, metrics)
     reports: list[Report] = []
     intake = Intake(
         source=source,
         features=features,
-        venue=PaperVenue(config.broker, [s.instrument_id for s in INSTRUMENTS], reports.append),
+        venue=venue or PaperVenue(config.broker, [s.instrument_id for s in INSTRUMENTS], reports.append),
         queue=decisions,
         metrics=metrics,
         events=Events(Halts(), metrics),

@@ -1,7 +1,8 @@
 """A live feed's time bars close on the clock, a grace after their boundary, without waiting for
 the status tick: in a busy feed by any instrument's record stamped that late, on a feed quiet
 altogether by the feed task's timer. Bars closed by an instrument's own records are unchanged,
-and no bar closes ahead of records already received."""
+and no bar closes ahead of records already received. A bar closed on the clock is stamped with
+that moment (its orders are placed then), and the paper book's clock moves there first."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import numpy as np
 from agent.config import Config
 from agent.daemon.intake import DecisionQueue, Intake
 from agent.daemon.metrics import DaemonMetrics
+from agent.execution.orders import OrderManager
+from agent.execution.protocol import Fill, Report
+from agent.execution.venues import PaperVenue
 from feeds.dbn import read_mbp10
 from feeds.features import BarFrame, IncrementalFeatures
 from feeds.sources import QueuedSource
@@ -38,10 +42,18 @@ class _Held(QueuedSource):
         self._finish()
 
 
-def _intake(config: Config, batches: list[np.ndarray]) -> tuple[Intake, DecisionQueue, DaemonMetrics]:
+def _intake(
+    config: Config, batches: list[np.ndarray], venue: PaperVenue | None = None
+) -> tuple[Intake, DecisionQueue, DaemonMetrics]:
     features = IncrementalFeatures(config.feeds.instruments, config.feeds.bars, config.feeds.health)
     return live_intake(
-        config, _Held(batches), features, queue=100_000, bar_interval_ns=INTERVAL_NS, close_grace_ns=GRACE_NS
+        config,
+        _Held(batches),
+        features,
+        queue=100_000,
+        venue=venue,
+        bar_interval_ns=INTERVAL_NS,
+        close_grace_ns=GRACE_NS,
     )
 
 
@@ -111,8 +123,13 @@ async def test_a_feed_quiet_altogether_closes_its_open_bars_after_the_grace(tmp_
     stamps = first["ts_recv"].astype(np.int64)
     last = {iid: int(stamps[first["instrument_id"] == iid].max()) for iid in (ES, NQ)}
     open_close = {iid: -(-t // INTERVAL_NS) * INTERVAL_NS for iid, t in last.items()}
+    # an NQ order placed at NQ's last record: no NQ record follows its arrival, so only the
+    # clock can execute it, against NQ's last book
+    reports: list[Report] = []
+    venue = PaperVenue(config.broker, [ES, NQ], reports.append)
+    venue.submit(OrderManager("t").new(NQ, "buy", 1, ts_ns=last[NQ]))
 
-    intake, queue, metrics = _intake(config, batches)
+    intake, queue, metrics = _intake(config, batches, venue)
     await intake.start()
     # Nothing arrives after the first 20 s: without the status tick (none runs here), only the
     # feed task's timer can close each instrument's open bar, at its boundary plus the grace.
@@ -124,6 +141,15 @@ async def test_a_feed_quiet_altogether_closes_its_open_bars_after_the_grace(tmp_
         )
     assert intake.clock_ns == max(last.values())  # no record came; the feed clock is extrapolated
     await intake.stop()
+    # the closes stamp the moment the clock closed them, which the orders take
+    for iid in (ES, NQ):
+        close = next(c for c in queue if c.frame.instrument_id == iid and open_close[iid] in c.frame.ts_close)
+        assert close.at_ns > open_close[iid] + GRACE_NS
+        assert intake.order_ns(close) == close.at_ns > intake.clock_ns
+    # the clock close moved the paper book's clock: the NQ order filled at NQ's last ask
+    fills = [r for r in reports if isinstance(r, Fill)]
+    nq_last = first[first["instrument_id"] == NQ][-1]
+    assert [(f.instrument_id, f.qty, f.price) for f in fills] == [(NQ, 1, int(nq_last["ask_px_00"]))]
     theirs = _reference(config, batches)
     for iid in (ES, NQ):
         mine = _bars(queue, iid)

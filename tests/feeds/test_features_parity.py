@@ -215,15 +215,16 @@ def test_chunking_does_not_change_the_bars(bars: BarConfig) -> None:
         np.arange(0, 400),  # one record per chunk, then the rest at once
     ):
         stream = FeatureStream(specs, bars, HEALTH)
-        closes: dict[int, list[np.ndarray]] = {s.instrument_id: [] for s in specs}
+        closes: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {s.instrument_id: [] for s in specs}
         for part in np.split(mixed, cuts):
             for iid, closed in stream.push(part).items():
                 closes[iid].append(closed)
         result = stream.result()
         assert_same_set(whole, result)
         for spec in specs:  # each chunk reports the bars it closed
-            reported = np.concatenate(closes[spec.instrument_id])
-            assert np.array_equal(reported, result.frames[spec.symbol].close_index)
+            index, close_ts = (np.concatenate(c) for c in zip(*closes[spec.instrument_id], strict=True))
+            assert np.array_equal(index, result.frames[spec.symbol].close_index)
+            assert np.array_equal(close_ts, result.frames[spec.symbol].ts_close)
 
 
 @pytest.mark.parametrize("suffix", [".dbn", ".dbn.zst"])

@@ -12,6 +12,7 @@ import pytest
 from agent.config import load_config
 from agent.execution.broker import PaperBroker
 from agent.execution.config import FillPrice
+from agent.execution.fills import order_schedule
 from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Fill, Side
@@ -141,7 +142,9 @@ def test_the_agent_columns_are_the_ledgers_for_the_same_fills(tmp_path: Path, fi
     config = load_config(None, env={})
     broker_config = msgspec.structs.replace(config.broker, latency_ms=25.0, fill_price=fill_price)
     feeds = msgspec.structs.replace(config.feeds, instruments=INSTRUMENTS)
-    es = load_archive(tmp_path, feeds, INSTRUMENTS, fee_per_contract=0.0, latency_ms=25.0)["ES"]
+    es = load_archive(
+        tmp_path, feeds, INSTRUMENTS, fee_per_contract=0.0, latency_ms=25.0, close_grace_ns=50_000_000
+    )["ES"]
     spec = INSTRUMENTS[0]
     records = read_mbp10(tmp_path)
     frame = compute_all(records, INSTRUMENTS, feeds.bars, feeds.health).frames["ES"]
@@ -235,26 +238,41 @@ def test_rollout_visits_each_decision_bar_once_and_baselines_add_up() -> None:
 
 
 def test_the_env_fills_where_the_paper_broker_fills(tmp_path: Path) -> None:
-    """A unit order sent at a bar's close costs in the environment exactly what the paper broker
-    charges for it: the ask (bid) of the book as it stands ``latency_ms`` after the closing
-    record, against the bar's mid."""
+    """A unit order sent when a bar is decided costs in the environment exactly what the paper
+    broker charges for it: the ask (bid) of the book as it stands ``latency_ms`` after the
+    moment of decision (the closing record, or the clock a grace after a quiet bar's close),
+    against the bar's mid."""
     synth_feed(tmp_path, days=1)
     config = load_config(None, env={})
     broker_config = msgspec.structs.replace(config.broker, latency_ms=25.0)
     feeds = msgspec.structs.replace(config.feeds, instruments=INSTRUMENTS)
     bars = load_archive(
-        tmp_path, feeds, INSTRUMENTS, fee_per_contract=0.0, latency_ms=broker_config.latency_ms
+        tmp_path,
+        feeds,
+        INSTRUMENTS,
+        fee_per_contract=0.0,
+        latency_ms=broker_config.latency_ms,
+        close_grace_ns=config.daemon.close_grace_ns,
     )
     records = read_mbp10(tmp_path)
     frame = compute_all(records, INSTRUMENTS, feeds.bars, feeds.health).frames["ES"]
     es = bars["ES"]
     tick = tick_fixed(INSTRUMENTS[0].tick_size)
-    mine = np.flatnonzero(records["instrument_id"] == INSTRUMENTS[0].instrument_id)
-    checked = 0
+    decided = order_schedule(
+        records,
+        INSTRUMENTS[0].instrument_id,
+        frame.close_index,
+        frame.ts_close,
+        broker_config.latency_ms,
+        bars=feeds.bars,
+        grace_ns=config.daemon.close_grace_ns,
+    ).decided_ns
+    checked = on_clock = 0
     for k in range(10, len(frame) - 10, max(1, len(frame) // 25)):
         if not es.tradable[k]:
             continue
-        closing = int(mine[np.searchsorted(mine, frame.close_index[k], side="right")])
+        closing = int(np.searchsorted(records["ts_recv"], decided[k], side="right")) - 1  # the last before
+        on_clock += int(decided[k] == frame.ts_close[k] + config.daemon.close_grace_ns + 1)
         sides: tuple[tuple[Side, float], ...] = (
             ("buy", es.buy_cost_ticks[k]),
             ("sell", -es.sell_cost_ticks[k]),
@@ -262,12 +280,11 @@ def test_the_env_fills_where_the_paper_broker_fills(tmp_path: Path) -> None:
         for side, cost in sides:
             broker = PaperBroker(broker_config, [s.instrument_id for s in INSTRUMENTS])
             broker.on_records(records[: closing + 1])
-            order = OrderManager("t").new(
-                INSTRUMENTS[0].instrument_id, side, 1, ts_ns=int(records["ts_recv"][closing])
-            )
+            order = OrderManager("t").new(INSTRUMENTS[0].instrument_id, side, 1, ts_ns=int(decided[k]))
             reports = broker.submit(order) + broker.on_records(records[closing + 1 :])
             fills = [r for r in reports if isinstance(r, Fill)]
             assert len(fills) == 1
             assert fills[0].price == round((es.mid_ticks[k] + cost) * tick)
         checked += 1
     assert checked >= 10
+    assert 0 < on_clock < checked  # both kinds of decision were checked
