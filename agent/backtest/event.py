@@ -210,8 +210,8 @@ class EventDriver:
         for run in self.features.closing_runs(records, grace_ns=self.config.daemon.close_grace_ns):
             t0 = time.perf_counter_ns()
             self._market(run.records)
-            if run.on_clock:  # the feed clock moved without a record: orders due by then execute
-                self._reports(self.broker.advance(run.decided_ns - 1))
+            if run.on_clock and (reports := self.broker.advance(run.decided_ns - 1)):
+                self._reports(reports)  # the feed clock moved without a record: orders due by then
             if run.frame is not None:
                 self._decide(run.frame, run.decided_ns, t0)
 

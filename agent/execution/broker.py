@@ -230,11 +230,13 @@ class PaperBroker:
     def advance(self, now_ns: int) -> list[Report]:
         """Execute every order and cancel due by ``now_ns`` against the current book (quiet feed)."""
         self._clock_ns = max(self._clock_ns, now_ns)
+        waiting = [book for book in self._books.values() if book.pending or book.cancels]
+        if not waiting:  # the books are worked out when an order needs them
+            return []
         self._resolve()
         reports: list[Report] = []
-        for book in self._books.values():
-            if book.pending or book.cancels:
-                self._due(book, now_ns + 1, reports)
+        for book in waiting:
+            self._due(book, now_ns + 1, reports)
         return reports
 
     def _due(self, book: _Instrument, ts_ns: int, reports: list[Report]) -> None:
