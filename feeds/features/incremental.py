@@ -117,7 +117,8 @@ class IncrementalBars:
     :class:`BarFrame` through the array functions the vectorised path uses (:func:`book_at_close`,
     :func:`bar_frames`; the telescoped size change of the order flow as one array difference),
     so a batch of records pays NumPy's per-call costs once, not per bar. :meth:`poll` with the
-    caller's clock (simulated in replay) closes due time bars and opens stale episodes;
+    caller's clock (live) closes due time bars and opens stale episodes (a replay closes them
+    with :meth:`close_on_clock`, the stale episodes being the records' to tell);
     :meth:`report_gap` takes a transport gap (the open bar is not tradable). Record-check
     episodes reach :attr:`monitor` when the bar closes (the decision point), stale and gap
     episodes at once.
@@ -624,9 +625,9 @@ class IncrementalFeatures:
         contiguous = np.ascontiguousarray(records)
         builders = list(self.by_id.values())
         before = [(b.records_seen, b.book_record) for b in builders]
-        feed_before = max(b.clock_ns for b in builders)
+        feed_before = max((b.clock_ns for b in builders), default=0)
         ids, good = self._route(contiguous)
-        feed_ns = max(b.clock_ns for b in builders)
+        feed_ns = max((b.clock_ns for b in builders), default=0)
         for builder in builders:  # the bars whose time is up by the batch's last record
             builder.close_on_clock(feed_ns - grace_ns)
         # the feed clock at each record of the batch (its configured instruments' records)
@@ -638,10 +639,10 @@ class IncrementalFeatures:
             for b, (seen, last) in zip(builders, before, strict=True)
             if b.records_seen > seen
         }
-        keys: list[
-            tuple[int, int, bool]
-        ] = []  # each run's last record in the batch, its moment, by the clock
-        parts: list[tuple[InstrumentSpec, int]] = []  # its instrument and number of bars
+        # each run: its last record in the batch, its moment, whether by the clock; its
+        # instrument and number of bars
+        keys: list[tuple[int, int, bool]] = []
+        parts: list[tuple[InstrumentSpec, int]] = []
         for builder in builders:
             if not builder.closed:
                 continue
