@@ -35,7 +35,6 @@ __all__ = [
     "PositionArrays",
     "apply_fills",
     "execution_price",
-    "execution_rows",
     "fees",
     "fill_costs_ticks",
     "late_orders",
@@ -157,7 +156,7 @@ def position_change_cost_ticks(
     decision bar's mid, a sell ``sell_cost_ticks`` below it (:func:`fill_costs_ticks`: the ask
     and bid of the book the order meets, or that book's mid under ``fill_price = "mid"``), and
     every contract pays ``fee_ticks = fee_per_contract / tick_value``. With the book the paper
-    broker's order meets (the one at arrival + latency, :func:`execution_rows`) this equals
+    broker's order meets (the one at arrival + latency, :func:`order_schedule`) this equals
     :func:`slippage_vs_mid` of the broker's fill (in ticks) plus :func:`fees` whenever the top
     level holds ``|delta|`` contracts; deeper walks cost more (the broker charges them).
     """
@@ -221,22 +220,6 @@ def late_orders(decided_ns: np.ndarray[Any, Any], latency_ns: int) -> np.ndarray
     late = np.zeros(decided_ns.shape[0], dtype=bool)
     late[:-1] = decided_ns[:-1] + latency_ns >= decided_ns[1:]
     return late
-
-
-def execution_rows(
-    records: np.ndarray[Any, Any],
-    instrument_id: int,
-    close_index: Array,
-    close_ts: Array,
-    latency_ms: float,
-    *,
-    bars: BarConfig,
-    grace_ns: int,
-) -> np.ndarray[Any, Any]:
-    """Per bar, the index in ``records`` of the book its order meets (:func:`order_schedule`)."""
-    return order_schedule(
-        records, instrument_id, close_index, close_ts, latency_ms, bars=bars, grace_ns=grace_ns
-    ).rows
 
 
 def step_pnl_ticks(

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.execution.fills import execution_rows
+from agent.execution.fills import order_schedule
 from agent.train.env import InstrumentBars
 from agent.train.errors import TrainError
 from feeds.config import FeedsConfig, InstrumentSpec
@@ -51,7 +51,7 @@ def load_archive(
     """Bars of ``instruments`` from every DBN file under ``path``, in time order, each with the
     best bid and ask of the book an order sent when the bar is decided meets ``latency_ms``
     later (the paper broker's rule, the daemon's moment of decision with its ``close_grace_ns``:
-    :func:`agent.execution.fills.execution_rows`).
+    :func:`agent.execution.fills.order_schedule`).
 
     Raises :class:`TrainError` when an instrument has no bar at all, and the feeds errors
     (``DBNFormatError``) for unreadable input. ``on_file`` is called after each file.
@@ -69,7 +69,7 @@ def load_archive(
                 frame = result.frames[spec.symbol]
                 if len(frame):
                     frames[spec.symbol].append(frame)
-                    rows = execution_rows(
+                    rows = order_schedule(
                         records,
                         spec.instrument_id,
                         frame.close_index,
@@ -77,7 +77,7 @@ def load_archive(
                         latency_ms,
                         bars=feeds.bars,
                         grace_ns=close_grace_ns,
-                    )
+                    ).rows
                     books[spec.symbol].append(
                         np.stack([records["bid_px_00"][rows], records["ask_px_00"][rows]]).astype(np.int64)
                     )

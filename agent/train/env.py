@@ -99,7 +99,7 @@ class InstrumentBars:
     ) -> InstrumentBars:
         """Adapt a :class:`feeds.features.BarFrame`; ``exec_bid``/``exec_ask`` are the best bid
         and ask (1e-9 fixed point) of the book each bar's order meets
-        (:func:`agent.execution.fills.execution_rows`). Bars with non-finite values, or whose
+        (:func:`agent.execution.fills.order_schedule`). Bars with non-finite values, or whose
         order would meet no two-sided book, are marked not tradable (their features zeroed)
         rather than passed on as valid."""
         feats = np.asarray(frame.features, dtype=np.float32)

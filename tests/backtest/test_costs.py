@@ -14,7 +14,7 @@ import pytest
 from agent.backtest.api import BacktestRequest, run_backtest
 from agent.backtest.fast import load_bars, regime_path, run_fast
 from agent.config import Config, ConfigError, load_config
-from agent.execution.fills import execution_rows
+from agent.execution.fills import order_schedule
 from agent.model.checkpoint import checkpoint_from_bytes
 from agent.policy.kelly import kelly_size_ref, leg_cost
 from agent.policy.regime import RegimeTracker
@@ -65,7 +65,7 @@ def test_mid_fills_are_at_the_mid_of_the_book_met_in_both_drivers(
     records = read_mbp10(signal_data)  # in feed order, as the backtest read them
     for i, (spec, frame) in enumerate(zip(INSTRUMENTS, frames, strict=True)):
         mine = f["instrument"] == i
-        rows = execution_rows(
+        rows = order_schedule(
             records,
             spec.instrument_id,
             frame.close_index,
@@ -73,7 +73,7 @@ def test_mid_fills_are_at_the_mid_of_the_book_met_in_both_drivers(
             config.broker.latency_ms,
             bars=config.feeds.bars,
             grace_ns=config.daemon.close_grace_ns,
-        )
+        ).rows
         met = records[rows[f["bar"][mine]]]
         mid = (met["bid_px_00"].astype(np.float64) + met["ask_px_00"].astype(np.float64)) / 2
         np.testing.assert_array_equal(f["price"][mine], np.rint(mid))
