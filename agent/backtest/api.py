@@ -244,17 +244,26 @@ def run_baselines(config: Config, data: Path, start_ns: int | None, end_ns: int 
     return _baselines(bars, specs, config)
 
 
-def _binding(risk: RiskConfig, decisions: dict[str, np.ndarray[Any, Any]], books: Books) -> str | None:
+def _binding(
+    risk: RiskConfig,
+    decisions: dict[str, np.ndarray[Any, Any]],
+    books: Books,
+    decided_ns: np.ndarray[Any, Any],
+) -> str | None:
     """Why a vectorised run cannot stand, if a limit it does not simulate would have acted: its
     orders and its equity after each decision (the books' P&L to the bar, the bar's own fill not
-    yet booked, as the daemon sees it when it checks) through :func:`first_binding`."""
-    order = np.argsort(books.ts_ns, kind="stable")
+    yet booked, as the daemon sees it when it checks) through :func:`first_binding`, at the
+    moments the bars are decided and their orders placed (``decided_ns``, per row of ``books``:
+    :attr:`agent.backtest.fast.MetBooks.decided_ns`), as the event-driven driver checks them."""
+    order = np.argsort(decided_ns, kind="stable")
     equity = np.cumsum(books.pnl[order]) + books.cost[order]
     ordered = decisions["ordered"].astype(bool)
+    offsets = np.searchsorted(books.instrument, np.arange(int(books.instrument.max()) + 1))
+    row = offsets[decisions["instrument"]] + decisions["bar"]
     binding = first_binding(
         risk,
-        order_ns=decisions["ts_ns"][ordered].astype(np.int64),
-        check_ns=books.ts_ns[order],
+        order_ns=decided_ns[row[ordered]].astype(np.int64),
+        check_ns=decided_ns[order],
         equity=equity,
     )
     if binding is None:
@@ -332,7 +341,8 @@ def run_backtest(config: Config, request: BacktestRequest, progress: Progress) -
         )
         books = _books(specs, driven.frames, driven.fills.arrays())
         decisions = driven.log.arrays()
-        refusal = _binding(config.risk, decisions, books)
+        decided = np.concatenate([bars.books[s.symbol].decided_ns for s in specs])
+        refusal = _binding(config.risk, decisions, books, decided)
         if refusal is not None and not request.exact:
             raise BacktestError(refusal)
         if refusal is not None or (request.exact and driven.counts["late_orders"]):

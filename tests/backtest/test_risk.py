@@ -15,6 +15,7 @@ from agent.backtest.api import BacktestRequest, run_backtest
 from agent.backtest.errors import BacktestError
 from agent.backtest.inputs import parse_bound
 from agent.cli import main
+from agent.config import Config
 from tests.backtest.conftest import backtest_config
 from tests.backtest.test_parity import _Quiet
 
@@ -79,3 +80,32 @@ def test_the_cli_refuses_a_fast_run_that_a_limit_would_halt(
     code = main([*args, "--out", str(out)])
     assert code == 2 and not out.exists()
     assert "the risk limits would have acted" in capsys.readouterr().err
+
+
+def test_the_exact_request_judges_the_order_rate_at_the_orders_moments(
+    signal_data: Path, checkpoint_file: Path, tmp_path: Path
+) -> None:
+    """The gate's request keeps the vectorised result only when no limit would have acted, with
+    the orders timed where the event-driven driver places them (many at a bar's clock close):
+    at the smallest order-rate limit the event-driven run never throttles, the vectorised result
+    stands; one below it, the event-driven one is replayed; both equal the event-driven run."""
+    request = BacktestRequest(data=signal_data, checkpoint=str(checkpoint_file))
+
+    def config(limit: int) -> Config:
+        return backtest_config(tmp_path / f"limit-{limit}", max_orders_per_minute=limit)
+
+    def throttled(limit: int) -> int:
+        return run_backtest(config(limit), request, _Quiet()).summary.health.get("throttled_orders", 0)
+
+    low, high = 1, 64
+    assert throttled(low) > 0 and throttled(high) == 0
+    while low < high:  # the smallest limit that throttles nothing
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if throttled(mid) else (low, mid)
+    for limit, mode in ((low - 1, "event"), (low, "fast")):
+        event = run_backtest(config(limit), request, _Quiet())
+        exact = run_backtest(config(limit), dataclasses.replace(request, exact=True), _Quiet())
+        assert exact.summary.mode == mode, limit
+        for key in ("ts_ns", "instrument", "bar", "action", "target", "position"):
+            np.testing.assert_array_equal(event.decisions[key], exact.decisions[key], err_msg=key)
+        np.testing.assert_allclose(event.books.pnl, exact.books.pnl, rtol=0, atol=1e-6)
