@@ -19,7 +19,7 @@
    :func:`agent.execution.fills.walk_book` and :func:`agent.execution.fills.execution_price`,
    the paper broker's maths: same levels, same partial fills, same fill rule
    (``broker.fill_price``), rounding and fees. The event-driven driver gives the same fills
-   whenever an order executes before its instrument's next bar closes (always with zero
+   whenever an order executes before its instrument's next bar is decided (always with zero
    latency).
 
 Of the trading step's rules it applies the decision, the position clamp
