@@ -87,7 +87,9 @@ def plan_bars(clock_ts: np.ndarray, config: BarConfig, stale_ns: int) -> BarPlan
     return BarPlan(ends=ends, close_ts=ks * interval)
 
 
-def decision_times(closer_ns: Any, close_ts: Any, config: BarConfig, grace_ns: int) -> Any:
+def decision_times(
+    closer_ns: np.ndarray, close_ts: np.ndarray, config: BarConfig, grace_ns: int
+) -> np.ndarray:
     """When each bar is decided, on the feed clock (ns): the moment a live daemon closes it
     (``daemon.close_grace_ms``, ``grace_ns`` in ns). ``closer_ns`` is the time of the record that
     closes it (a time bar: the instrument's first record past the bar; an event bar: its own
@@ -95,14 +97,11 @@ def decision_times(closer_ns: Any, close_ts: Any, config: BarConfig, grace_ns: i
     after its close time is closed by the clock ``grace_ns + 1`` ns after it (the first moment the
     daemon's intake finds it due, :meth:`agent.daemon.intake.Intake._close_due`); every other bar
     at its closer. The backtests and the trainer decide and place orders at these times (an
-    order meets the book ``broker.latency_ms`` later). Written once for both paths: Python ints
-    give an int, int64 arrays an array."""
+    order meets the book ``broker.latency_ms`` later). int64 arrays, one entry per bar."""
     if config.clock != "time":
         return closer_ns
-    due = close_ts + grace_ns + 1
-    if isinstance(closer_ns, int):
-        return min(closer_ns, int(due))
-    return np.minimum(closer_ns, due)
+    decided: np.ndarray = np.minimum(closer_ns, close_ts + grace_ns + 1)
+    return decided
 
 
 def clock_closes(decided_ns: Any, close_ts: Any, config: BarConfig, grace_ns: int) -> Any:

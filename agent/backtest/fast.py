@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from agent.execution.config import FillPrice
 from agent.execution.fills import (
     PositionArrays,
     apply_fills,
+    closers,
     execution_price,
     fees,
     late_orders,
@@ -179,8 +180,6 @@ class _Catch:
         self._latency_ns = round(latency_ms * 1_000_000)
         self._bars = bars
         self._grace_ns = grace_ns
-        self._closer_side: Literal["left", "right"] = "right" if bars.clock == "time" else "left"
-        """Where a bar's closer is among the records, from its close index (see the class docstring)."""
         self._ids = [s.instrument_id for s in specs]
         self._index = dict.fromkeys(self._ids, _NONE)
         self._clock = dict.fromkeys(self._ids, _NONE)
@@ -209,11 +208,9 @@ class _Catch:
                 np.maximum.accumulate(t, out=t)
                 self._index[iid] = np.concatenate([self._index[iid], mine + offset])
                 self._clock[iid] = np.concatenate([self._clock[iid], t])
-            new = closes[iid]
+            new, pending = closes[iid], self._open[iid]
             if new.close_index.size:
                 self._closed[iid] = int(new.close_index[-1])
-            pending = self._open[iid]
-            if new.close_index.size:
                 pending = Closes(*(np.concatenate(pair) for pair in zip(pending, new, strict=True)))
             settled = self._settle(iid, pending, (chunk, offset))
             self._open[iid] = Closes(pending.close_index[settled:], pending.close_ts[settled:])
@@ -234,7 +231,7 @@ class _Catch:
         n = index.shape[0]
         if not closes.close_index.size or not n:
             return 0
-        after = np.searchsorted(index, closes.close_index, side=self._closer_side)  # n: not arrived yet
+        after = closers(index, closes.close_index, self._bars)  # n: not arrived yet
         closer = clock[np.minimum(after, n - 1)]
         decided = decision_times(closer, closes.close_ts, self._bars, self._grace_ns)
         met = np.searchsorted(clock, decided + self._latency_ns, side="right")

@@ -34,6 +34,7 @@ __all__ = [
     "OrderSchedule",
     "PositionArrays",
     "apply_fills",
+    "closers",
     "execution_price",
     "fees",
     "fill_costs_ticks",
@@ -200,15 +201,26 @@ def order_schedule(
     unless it arrives before the next bar is decided (:func:`late_orders`)."""
     mine = np.flatnonzero(records["instrument_id"] == instrument_id)
     ts = np.maximum.accumulate(records["ts_recv"][mine].astype(np.int64))
-    at = np.searchsorted(mine, close_index, side="right" if bars.clock == "time" else "left")
-    closer = ts[np.minimum(at, mine.shape[0] - 1)]
-    decided = np.asarray(decision_times(closer, np.asarray(close_ts, dtype=np.int64), bars, grace_ns))
+    closer = ts[np.minimum(closers(mine, close_index, bars), mine.shape[0] - 1)]
+    decided = decision_times(closer, np.asarray(close_ts, dtype=np.int64), bars, grace_ns)
     latency_ns = round(latency_ms * 1_000_000)
     return OrderSchedule(
         rows=mine[np.searchsorted(ts, decided + latency_ns, side="right") - 1],
         late=late_orders(decided, latency_ns),
         decided_ns=decided,
     )
+
+
+def closers(
+    indices: np.ndarray[Any, Any], close_index: np.ndarray[Any, Any], bars: BarConfig
+) -> np.ndarray[Any, Any]:
+    """Where each bar's closer is among an instrument's record ``indices`` (ascending; the
+    result is ``len(indices)`` where it has not come yet): a time bar's first record after its
+    ``close_index``, an event bar's record at it (an event bar closes on its own last record)."""
+    at: np.ndarray[Any, Any] = np.searchsorted(
+        indices, close_index, side="right" if bars.clock == "time" else "left"
+    )
+    return at
 
 
 def late_orders(decided_ns: np.ndarray[Any, Any], latency_ns: int) -> np.ndarray[Any, Any]:

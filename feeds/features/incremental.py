@@ -52,7 +52,7 @@ from feeds.features.statistics import (
 from feeds.health import HealthMonitor, PrevTop, fault_mask, record_faults, valid_top
 from feeds.records import ACTION_TRADE, LEVELS, MBP10_RTYPE, SIDE_ASK, SIDE_BID, UNDEF_PRICE
 
-__all__ = ["NO_CLOSER", "IncrementalBars", "IncrementalFeatures", "Run"]
+__all__ = ["IncrementalBars", "IncrementalFeatures", "Run"]
 
 
 def _layout(widths: Sequence[int]) -> list[slice]:
@@ -83,7 +83,7 @@ _ROW_PARTS = (
     ("end_sizes", 2 * LEVELS),  # bid sizes, ask sizes of the bar's last record
     ("ofi_corrections", LEVELS),  # the price-change corrections and excluded pairs of the bar
     ("closed_by", 1),  # the record that closed it: its index among the instrument's, -1 by the clock
-    ("closer_ns", 1),  # that record's clock (running maximum of ts_recv); NO_CLOSER by the clock
+    ("closer_ns", 1),  # that record's clock (running maximum of ts_recv); _NO_CLOSER by the clock
 )
 """A closed bar waiting for its frame (:attr:`IncrementalBars.closed`), all ints, in this
 order: its statistics (:class:`BarStatistics` names), the levels of the book at its close and
@@ -93,7 +93,7 @@ are computed from them together, as arrays), and the record whose arrival closed
 moment the clock closes it)."""
 _ROW = dict(zip((name for name, _ in _ROW_PARTS), _layout([width for _, width in _ROW_PARTS]), strict=True))
 _P = {name: at.start for name, at in _ROW.items()}  # the column of a one-int part
-NO_CLOSER = 2**62
+_NO_CLOSER = 2**62
 """The ``closer_ns`` of a bar closed by the clock (later than any record)."""
 
 
@@ -431,7 +431,7 @@ class IncrementalBars:
         clock of the last record before the close; ``closed_by`` the index of the record that
         closes them among this instrument's (-1: the caller's clock; the record closing them is
         the last one added, whose clock is the bars' ``closer_ns``)."""
-        closer_ns = self._clock.clock_ts if closed_by >= 0 else NO_CLOSER
+        closer_ns = self._clock.clock_ts if closed_by >= 0 else _NO_CLOSER
         if self._masks and (self._n_bad or self.monitor.failing_records()):
             self.monitor.observe(np.array(self._ts, np.int64), np.array(self._masks, np.uint8))
         for j, close in enumerate(closes):
