@@ -158,10 +158,19 @@ def test_malformed_batches_raise_inference_error(slots: list[float], rows: int, 
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [((99, 3), "twice"), ((0, 99), "twice"), ((50, 100), "out of range"), ((7, -1), "out of range")],
+    [
+        ((99, 3), "twice"),
+        ((0, 99), "twice"),
+        ((50, 100), "out of range"),
+        ((7, -1), "out of range"),
+        ((50, 49), "twice"),  # still in order, not strictly
+        ((99, 100), "out of range"),  # strictly increasing: the ends are the range
+        ((0, -1), "out of range"),
+    ],
 )
 def test_a_large_batch_is_checked_as_a_small_one(change: tuple[int, int], message: str) -> None:
-    """Batches above a few rows take the NumPy form of the slot checks: the same errors."""
+    """Batches above a few rows take the NumPy form of the slot checks (one pass where the slots
+    are strictly increasing, as the drivers' batches are): the same errors."""
     ck = make_checkpoint()
     eng = InferenceEngine(
         ck, POLICY, [0.25] * 100, fee_per_contract=FEE, backend=select_backend("cpu"), max_batch=100
