@@ -277,17 +277,17 @@ class InferenceEngine:
                 f"slots must be 1 to {self.max_batch} integers, got shape {s.shape} {s.dtype}"
             )
         s32 = s.astype(np.int32)
-        increasing = False
+        repeated: bool | None
         if n <= _FEW_SLOTS:  # a few Python ints: cheaper to check than NumPy calls
             ids = s.tolist()
             lo, hi, repeated = min(ids), max(ids), len(set(ids)) < n
-        elif increasing := bool((s[1:] > s[:-1]).all()):  # distinct, its ends the range (one pass)
+        elif (s[1:] > s[:-1]).all():  # strictly increasing: distinct, its ends the range (one pass)
             lo, hi, repeated = int(s[0]), int(s[-1]), False
-        else:
-            lo, hi, repeated = int(s.min()), int(s.max()), False
+        else:  # repeats are looked for once the range holds (the mark array's indices)
+            lo, hi, repeated = int(s.min()), int(s.max()), None
         if lo < 0 or hi >= self.n_slots:
             raise InferenceError(f"slot out of range [0, {self.n_slots})")
-        if n > _FEW_SLOTS and not increasing:  # O(B): a repeated slot keeps only its last row index
+        if repeated is None:  # O(B): a repeated slot keeps only its last row index
             mark = self._mark
             mark[s32] = self._rows[:n]
             repeated = not np.array_equal(mark[s32], self._rows[:n])
