@@ -21,9 +21,11 @@ which the kernel skips. A call writes the inputs, launches the bucket's graph, w
 stream and copies the output records once; each record carries the device's nanosecond timer
 at its row's start and end, so the call's device time needs no events around the launch.
 
-A model's buffer set (packed parameters, supports and its graphs) is built by
-:meth:`CudaRunner.prepare` on a private stream (graph capture in relaxed mode), so a hot swap
-can be prepared while decisions run.
+A model's buffer set (packed parameters, supports, its ring of cached rows and its graphs) is
+built by :meth:`CudaRunner.prepare` on a private stream (graph capture in relaxed mode), so a
+hot swap can be prepared while decisions run. The ring holds, per slot, the first layer's
+per-row work on the window's rows under this model (:func:`agent.kernels.decide.ring_shape`);
+it starts stale, so each slot's first decision under a new model computes it from the window.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import numpy.typing as npt
 from agent.gpu.errors import InferenceError
 from agent.gpu.pinned import MappedArray, mapped_empty
 from agent.gpu.runner import Batch, Costs, RawDecision, column_error
-from agent.kernels.decide import decide, decide_variant, out_dtype
+from agent.kernels.decide import RING_STALE, decide, decide_variant, out_dtype, ring_shape
 from agent.kernels.loader import cupy
 from agent.kernels.mamba_forward import Variant, cluster_ranks, pack_params
 from agent.model.checkpoint import Checkpoint
@@ -171,8 +173,17 @@ class _Weights:
 
 
 @dataclass(frozen=True, slots=True)
+class _Ring:
+    """A model's cached rows of the slots' windows (``decide()``'s ``cache`` and ``cached``)."""
+
+    rows: Any  # (slots, K, MF_CW) float32
+    held: Any  # (slots,) uint64: the rows pushed when the ring last held the window
+
+
+@dataclass(frozen=True, slots=True)
 class _CudaModel:
     weights: _Weights
+    ring: _Ring
     graphs: dict[int, Any]
     """Bucket size -> its graph."""
 
@@ -237,13 +248,16 @@ class CudaRunner:
                 return_bin_centres(cfg, cp),
                 return_bin_centres(cfg, cp, np.float64),
             )
+            slots = self.window.shape[0]
+            ring = _Ring(cp.zeros(ring_shape(cfg, slots), cp.float32), cp.full(slots, RING_STALE, cp.uint64))
             # Compile and load each variant the buckets use outside capture (one bucket a
             # variant): a launch with every row padded (slot -1) on private scratch touches no
             # shared state.
             for bucket in {variant: bucket for bucket, variant in variants.items()}.values():
                 scratch = {name: cp.zeros_like(view) for name, view in self.inputs[bucket].device.items()}
                 scratch["slots"][...] = -1
-                self._enqueue(weights, variants[bucket], scratch, cp.zeros_like(self.out.device[:bucket]))
+                out = cp.zeros_like(self.out.device[:bucket])
+                self._enqueue(weights, ring, variants[bucket], scratch, out)
             stream.synchronize()
             graphs = {}
             for bucket in self.buckets:
@@ -252,13 +266,15 @@ class CudaRunner:
                 try:
                     if inputs.staged is not None:
                         inputs.copy()
-                    self._enqueue(weights, variants[bucket], inputs.device, self.out.device[:bucket])
+                    self._enqueue(weights, ring, variants[bucket], inputs.device, self.out.device[:bucket])
                 finally:
                     graph = stream.end_capture()
                 graphs[bucket] = graph
-        return _CudaModel(weights, graphs)
+        return _CudaModel(weights, ring, graphs)
 
-    def _enqueue(self, weights: _Weights, variant: Variant, inputs: dict[str, Any], out: Any) -> None:
+    def _enqueue(
+        self, weights: _Weights, ring: _Ring, variant: Variant, inputs: dict[str, Any], out: Any
+    ) -> None:
         """Launch the decision kernel's ``variant`` for a bucket's ``inputs`` (device views) and
         its rows of ``out`` on the current stream."""
         cfg = weights.config
@@ -272,6 +288,8 @@ class CudaRunner:
             window=self.window,
             bars=self.bars,
             steps=self.decisions,
+            cache=ring.rows,
+            cached=ring.held,
             tick_value=self.tick_value,
             rows=inputs["rows"],
             slots=inputs["slots"],

@@ -12,6 +12,9 @@
 // float32; spread_col the column of rows holding the book's spread in ticks (Kelly's cost
 // gate). Device, per slot: window (slots, K, F) raw features, bars (rows pushed) and steps
 // (decisions made), updated in place (slots distinct within a launch); tick_value float64.
+// The model's, per slot: cache (slots, K, MF_CW) the ring of the first layer's per-row work
+// (MfRows in mamba_forward.cuh) and cached the rows pushed when the ring last held the window
+// (any other value: stale, the whole window is computed and stored, as after a model is loaded).
 // A row is pushed when healthy and every feature is finite; it is valid (sized, else its
 // position is kept) when pushed and the slot has K bars; its Thompson key is the slot's step.
 // Out: one DecideOut record per row (pinned mapped host memory), with the global nanosecond
@@ -20,6 +23,8 @@
 // MF_CL blocks a row (a cluster, mamba_forward.cuh): every rank pushes and normalises the window
 // for itself; rank 0 alone keeps the slot's counters, writes the pushed window back (once the
 // cluster is past its first barrier, when every rank has read the old one) and runs the tail.
+// Every rank reads the slot's counters itself, and rank 0 writes them once the forward is done
+// (past the cluster's barriers: every rank has read them by then).
 
 #include "kelly.cuh"
 #include "mamba_forward.cuh"
@@ -60,14 +65,15 @@ extern "C" __global__ void MF_CLUSTER_DIMS MF_BOUNDS
 decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
               const float* __restrict__ centres32, const double* __restrict__ centres64,
               float* __restrict__ window, unsigned long long* __restrict__ bars,
-              unsigned long long* __restrict__ steps, const double* __restrict__ tick_value,
+              unsigned long long* __restrict__ steps, float* __restrict__ cache,
+              unsigned long long* __restrict__ cached, const double* __restrict__ tick_value,
               const float* __restrict__ rows, const int* __restrict__ slot,
               const unsigned char* __restrict__ healthy, const int* __restrict__ position,
               const float* __restrict__ regime, int greedy, unsigned long long seed, unsigned int purpose,
               double capital, double fee, double min_edge, double kelly_fraction, double scale_floor,
               int max_contracts, int spread_col, DecideOut* __restrict__ out) {
     extern __shared__ __align__(16) float sm[];
-    __shared__ unsigned long long row_step;
+    __shared__ unsigned long long row_step, row_now;
     __shared__ int row_position, row_valid;
     __shared__ float row_regime, row_spread;
     __shared__ float row_q[MF_A];
@@ -98,11 +104,9 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
         if (MF_STAGE) mf_stage_wait();  // no copy outlives its block (the row is the same for all)
         return;
     }
-    unsigned long long seen = 0, step = 0;
-    if (threadIdx.x == 0 && lead) {
-        seen = bars[s];
-        step = steps[s];
-    }
+    const unsigned long long seen = bars[s], ring_at = cached[s];  // every thread (one address a warp)
+    unsigned long long step = 0;
+    if (threadIdx.x == 0 && lead) step = steps[s];
 
     // Window push: the new window is the old one's bars 1..K-1 and the new row. Stage the old
     // window (normalised later) and the new row (in the free pre-norm buffer), then decide.
@@ -136,16 +140,23 @@ decide_kernel(const float* __restrict__ P, const float* __restrict__ support,
             if (MF_CL == 1 && pushed) win[i] = raw[r];
         }
     }
+    const unsigned long long now = seen + (pushed ? 1ull : 0ull);  // rows pushed after this one
     if (threadIdx.x == 0 && lead) {
-        bars[s] = seen + (pushed ? 1ull : 0ull);
-        steps[s] = step + 1ull;
         row_step = step;
+        row_now = now;
         row_valid = pushed && seen + 1ull >= (unsigned long long)MF_K;
         row_position = pos;
         row_regime = reg;
     }
 
-    if (!mf_forward(P, sm)) return;
+    const MfRows ring{cache + (size_t)s * MF_K * MF_CW, (int)(now % MF_K),
+                      ring_at != seen ? 0 : pushed ? MF_K - 1 : MF_K};
+    if (!mf_forward<true>(P, sm, ring)) return;
+    if (threadIdx.x == 0) {  // rank 0 (the others have returned)
+        bars[s] = row_now;
+        steps[s] = row_step + 1ull;
+        cached[s] = row_now;
+    }
     if (MF_CL > 1 && pushed) {
 #pragma unroll
         for (int r = 0; r < PER; ++r) {

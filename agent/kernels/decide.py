@@ -34,7 +34,7 @@ from agent.model.config import ModelConfig
 from agent.policy.config import PolicyConfig
 from agent.policy.philox import Purpose
 
-__all__ = ["decide", "decide_variant", "out_dtype"]
+__all__ = ["RING_STALE", "decide", "decide_variant", "out_dtype", "ring_shape"]
 
 
 def out_dtype(n_actions: int) -> np.dtype[Any]:
@@ -57,6 +57,18 @@ def out_dtype(n_actions: int) -> np.dtype[Any]:
         ],
         align=True,
     )
+
+
+RING_STALE = np.uint64(2**64 - 1)
+"""A ``cached`` value no slot's row count reaches: the slot's ring is computed afresh."""
+
+
+def ring_shape(cfg: ModelConfig, slots: int) -> tuple[int, int, int]:
+    """The shape of a model's ring of cached rows (``decide()``'s ``cache``): per slot and window
+    step, the first layer's per-row work (``MF_CW`` floats: the embedding's output, then in_proj's
+    over the whole model's columns, padded to a multiple of 4)."""
+    in_proj = 2 * cfg.d_inner + 2 * cfg.ngroups * cfg.d_state + cfg.n_heads
+    return slots, cfg.window, cfg.d_model + -(-in_proj // 4) * 4
 
 
 def decide_variant(
@@ -107,6 +119,8 @@ def decide(
     window: Any,
     bars: Any,
     steps: Any,
+    cache: Any,
+    cached: Any,
     tick_value: Any,
     rows: Any,
     slots: Any,
@@ -125,7 +139,11 @@ def decide(
     variant's :func:`agent.kernels.mamba_forward.cluster_ranks`); support
     (atoms,) float32; centres32/centres64 (bins,) return-bin centres in ticks. Per slot:
     window (S, K, F) float32 raw features, bars and steps (S,) uint64 counters of rows pushed
-    and decisions made (all three updated in place), tick_value (S,) float64. Per row: rows
+    and decisions made (all three updated in place), tick_value (S,) float64. The model's, per
+    slot (updated in place): cache (:func:`ring_shape`) float32, the ring of the first layer's
+    per-row work, and cached (S,) uint64, the rows pushed when the ring last held the window
+    (fill with :data:`RING_STALE` for a new model: each slot's first decision computes its ring;
+    a row's values are the same bits in every variant). Per row: rows
     (B, F) float32; slots (B,) int32 distinct (negative: padded row, left unwritten);
     healthy (B,) bool or uint8; positions (B,) int32; regime (B,) float32. Sizing's cost gate
     charges ``fee_per_contract`` a leg and half the spread in column ``spread_column`` of the
@@ -152,6 +170,8 @@ def decide(
                 window,
                 bars,
                 steps,
+                cache,
+                cached,
                 tick_value,
                 rows,
                 slots,

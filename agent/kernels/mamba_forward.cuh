@@ -30,6 +30,10 @@
 //     alone runs the heads.
 // In the last block only the last time step feeds the heads, so its gate, norm, out_proj and
 // residual run for t = K-1 only (the scan still runs over the whole window).
+// Cached form (mf_forward<true>, decide.cu): the first layer's per-row work (the embedding, its
+// pre-norm and its in_proj map each step's row on its own) comes from the slot's ring of cached
+// rows (MfRows) for the steps it holds, and is computed (and stored) for the others only: the
+// new row, or the whole window where the ring is stale (mf_rows_*).
 #pragma once
 
 #define MF_CD (MF_DI + 2 * MF_G * MF_N)
@@ -39,6 +43,13 @@
 #ifndef MF_CL
 #define MF_CL 1  // blocks (cluster ranks) a window
 #endif
+#ifndef MF_DIF  // the whole model's inner width, heads and groups (a cluster rank's MF_DI, MF_H, MF_G are its share's)
+#define MF_DIF MF_DI
+#define MF_HF MF_H
+#define MF_GF MF_G
+#endif
+#define MF_IPF (2 * MF_DIF + 2 * MF_GF * MF_N + MF_HF)  // the whole model's in_proj width
+#define MF_CW (MF_D + MF_R4(MF_IPF))  // a cached row: the embedding's output (D), then in_proj's (IPF)
 #define MF_EPS 1e-5f
 #ifndef MF_THREADS
 #define MF_THREADS 256  // threads per block (one window per block)
@@ -637,6 +648,133 @@ __device__ __forceinline__ void mf_rmsnorm_rows(const float* in, float* out, int
     }
 }
 
+// A slot's ring of cached rows (the cached form): for each of the window's K steps, the first
+// layer's per-row work, MF_CW floats (the embedding's output, then in_proj's over the whole
+// model's columns: z, x, B, C, dt). Step t of the window is at ring row (first + t) % K; steps
+// [0, from) are read from it, steps [from, K) computed and stored (from = K - 1: the new row;
+// 0: the whole window, where the ring does not hold the window's rows; K: nothing new).
+struct MfRows {
+    float* ring;
+    int first;
+    int from;
+};
+
+// In the whole model's in_proj layout, this rank's column c (its share's layout: z and x of its
+// channels, its group's B and C, dt of its heads, padding; :func:`_share` in mamba_forward.py);
+// -1 for padding. Outside clusters the identity.
+__device__ __forceinline__ int mf_global_col(int c) {
+#if MF_CL > 1
+    const int r = mf_rank(), g = r * MF_H / (MF_HF / MF_GF);
+    if (c < 2 * MF_DI) return (c < MF_DI ? 0 : MF_DIF - MF_DI) + r * MF_DI + c;
+    c -= 2 * MF_DI;
+    if (c < 2 * MF_N) return 2 * MF_DIF + (c < MF_N ? 0 : MF_GF * MF_N - MF_N) + g * MF_N + c;
+    c -= 2 * MF_N;
+    return c < MF_H ? 2 * MF_DIF + 2 * MF_GF * MF_N + r * MF_H + c : -1;
+#else
+    return c;
+#endif
+}
+
+// Whether this rank stores its column c into the ring: its own columns, and its group's B and C
+// in the group's first rank alone (every rank of the group computes them).
+__device__ __forceinline__ bool mf_stores_col(int c) {
+#if MF_CL > 1
+    return c < 2 * MF_DI || c >= 2 * MF_DI + 2 * MF_N || mf_rank() % MF_GRANKS == 0;
+#else
+    return true;
+#endif
+}
+
+// sum_k x[k] w[k * ldw] over KD terms (w staged or global, mf_ld) in one fixed order whatever
+// the variant or the thread (four interleaved partial sums, added pairwise): a cached row is the
+// same bits whichever form computed it.
+template <int KD>
+__device__ __forceinline__ float mf_dot(const float* x, const float* w, int ldw) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
+    for (int k = 0; k < KD; ++k) acc[k & 3] = fmaf(x[k], mf_ld(w + (size_t)k * ldw), acc[k & 3]);
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+// The embedding (weights w_emb, staged or global) of the normalised steps [from, K) (sm + SM_ZX,
+// (K, F)) into hs, stored into the ring by rank 0 (every rank computes it alike).
+__device__ __forceinline__ void mf_rows_embed(const float* __restrict__ P, const float* w_emb, const float* x,
+                                              float* hs, MfRows rows) {
+    for (int i = rows.from * MF_D + threadIdx.x; i < MF_K * MF_D; i += MF_THREADS) {
+        const int t = i / MF_D, j = i % MF_D;
+        const float v = __ldg(P + OFF_EMB_B + j) + mf_dot<MF_F>(x + t * MF_F, w_emb + j, MF_D);
+        hs[i] = v;
+        if (mf_rank() == 0) rows.ring[(size_t)((rows.first + t) % MF_K) * MF_CW + j] = v;
+    }
+}
+
+// The first layer's in_proj (weights w_in, staged or global) of the pre-normed steps [from, K)
+// (us) into zx (this rank's columns), stored into the ring.
+__device__ __forceinline__ void mf_rows_in_proj(const float* w_in, const float* us, float* zx, MfRows rows) {
+    for (int i = rows.from * MF_IP + threadIdx.x; i < MF_K * MF_IP; i += MF_THREADS) {
+        const int t = i / MF_IP, c = i % MF_IP, col = mf_global_col(c);
+        const float v = mf_dot<MF_D>(us + t * MF_LDU, w_in + c, MF_IP);
+        zx[i] = v;
+        if (col >= 0 && mf_stores_col(c)) rows.ring[(size_t)((rows.first + t) % MF_K) * MF_CW + MF_D + col] = v;
+    }
+}
+
+// Copy N floats (1 or 4: 4 or 16 bytes, aligned alike) from global src to shared dst without
+// waiting (cp.async; the emulation copies at once).
+template <int N>
+__device__ __forceinline__ void mf_copy_async(float* dst, const float* src) {
+#ifdef __CUDA_ARCH__
+    const unsigned int at = (unsigned int)__cvta_generic_to_shared(dst);
+    if constexpr (N == 4) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(src));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(at), "l"(src));
+    }
+#else
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+#endif
+}
+
+__device__ __forceinline__ void mf_copy_commit() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Wait for this thread's copy groups but the newest `pending`.
+template <int pending>
+__device__ __forceinline__ void mf_copy_wait() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+#endif
+}
+
+// Start copying steps [0, from) of the first layer from the ring, as one copy group: the
+// embedding's outputs into hs (HS), else this rank's in_proj columns into zx (padding 0, stored
+// at once). Rows are copied 16 bytes at a time where a step's floats lie in one run of whole
+// chunks (the embedding's; in_proj's outside clusters), else float by float.
+template <bool HS>
+__device__ __forceinline__ void mf_rows_fetch(const MfRows rows, float* dst) {
+    constexpr int W = HS ? MF_D : MF_IP;  // floats a step
+    constexpr bool V4 = W % 4 == 0 && (HS || (MF_CL == 1 && MF_D % 4 == 0));
+    constexpr int PER = V4 ? W / 4 : W;  // copies a step
+    for (int i = threadIdx.x; i < rows.from * PER; i += MF_THREADS) {
+        const int t = i / PER, q = i % PER;
+        const float* src = rows.ring + (size_t)((rows.first + t) % MF_K) * MF_CW + (HS ? 0 : MF_D);
+        if constexpr (V4) {
+            mf_copy_async<4>(dst + t * W + 4 * q, src + 4 * q);
+        } else {
+            const int col = HS ? q : mf_global_col(q);
+            if (col < 0) {
+                dst[t * W + q] = 0.0f;
+            } else {
+                mf_copy_async<1>(dst + t * W + q, src + col);
+            }
+        }
+    }
+    mf_copy_commit();
+}
+
 // Latency variant: start staging the embedding and the first block's in_proj, before the
 // caller loads the window (the copies overlap its reads).
 __device__ __forceinline__ void mf_forward_begin(const float* __restrict__ P, float* sm) {
@@ -657,7 +795,9 @@ __device__ __forceinline__ void mf_forward_begin(const float* __restrict__ P, fl
 // barrier needed after it); leaves the q logits at sm + SM_LOGITS and the return logits at
 // sm + SM_LOGITS + MF_R4(MF_NQ), followed by a barrier, and returns true; in a cluster only
 // rank 0 does (P its share), the other ranks return false once the cluster needs them no more.
-__device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* sm) {
+// CACHED: the first layer's per-row work from the slot's ring `rows` where it holds the steps.
+template <bool CACHED = false>
+__device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* sm, MfRows rows = {}) {
     float* hs = sm + SM_HS;
     float* us = sm + SM_US;
     float* zx = sm + SM_ZX;
@@ -667,10 +807,23 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
         __syncthreads();
     }
     const float* w_emb = MF_STAGE ? sm + SM_WOUT : P + OFF_EMB_WT;
-    mf_project<mf_tile(MF_D, MF_K)>(zx, MF_F, MF_F, w_emb, MF_D, P + OFF_EMB_B, hs, MF_D, 0, MF_D, 0, MF_K,
-                                    false);
-    __syncthreads();
+    if constexpr (CACHED) {
+        mf_rows_fetch<true>(rows, hs);  // the ring's steps: the embedding writes the others' rows
+        mf_rows_embed(P, w_emb, zx, hs, rows);
+    } else {
+        mf_project<mf_tile(MF_D, MF_K)>(zx, MF_F, MF_F, w_emb, MF_D, P + OFF_EMB_B, hs, MF_D, 0, MF_D, 0, MF_K,
+                                        false);
+    }
+    __syncthreads();  // (cached: the new steps' features read, the ring's steps overwrite them in zx)
+    if (CACHED) mf_rows_fetch<false>(rows, zx);  // (a group before out_proj's, which may stay pending)
     if (MF_STAGE) mf_stage(sm + SM_WOUT, P + OFF_BLOCKS + BLK_WOUT_T, MF_DI * MF_D);
+    if constexpr (CACHED) {
+        mf_rmsnorm_rows(hs, us, MF_LDU, mf_small(sm, P + OFF_BLOCKS, 0, BLK_NORM), rows.from);
+        __syncthreads();
+        mf_rows_in_proj(MF_STAGE ? sm + SM_WIN : P + OFF_BLOCKS + BLK_WIN_T, us, zx, rows);
+        mf_copy_wait<MF_STAGE ? 1 : 0>();  // the ring's steps landed (out_proj's copy may go on)
+        __syncthreads();
+    }
 
     for (int layer = 0; layer < MF_L; ++layer) {
         const float* blk = P + OFF_BLOCKS + (size_t)layer * BLK_STRIDE;
@@ -679,20 +832,22 @@ __device__ __forceinline__ bool mf_forward(const float* __restrict__ P, float* s
         const float* w_in = MF_STAGE ? sm + SM_WIN : blk + BLK_WIN_T;
         const float* w_out = MF_STAGE ? sm + SM_WOUT : blk + BLK_WOUT_T;
 
-        mf_rmsnorm_rows(hs, us, MF_LDU, mf_small(sm, blk, layer, BLK_NORM), 0);
-        __syncthreads();
-        // in_proj: x, B, C, dt for every step; z only where the output is needed.
-        constexpr int xbcdt = MF_IP - MF_DI;
-        if (last) {
-            mf_project<mf_tile(xbcdt, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP, 0,
-                                             MF_K, false);
-            // z of the last step alone, its partial sums in z's free rows (before the last)
-            mf_project_row(us + t_out * MF_LDU, MF_D, w_in, MF_IP, zx + t_out * MF_IP, MF_DI, zx, false);
-        } else {
-            mf_project<mf_tile(MF_IP, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0, MF_K,
-                                             false);
+        if (!CACHED || layer > 0) {
+            mf_rmsnorm_rows(hs, us, MF_LDU, mf_small(sm, blk, layer, BLK_NORM), 0);
+            __syncthreads();
+            // in_proj: x, B, C, dt for every step; z only where the output is needed.
+            constexpr int xbcdt = MF_IP - MF_DI;
+            if (last) {
+                mf_project<mf_tile(xbcdt, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, MF_DI, MF_IP,
+                                                 0, MF_K, false);
+                // z of the last step alone, its partial sums in z's free rows (before the last)
+                mf_project_row(us + t_out * MF_LDU, MF_D, w_in, MF_IP, zx + t_out * MF_IP, MF_DI, zx, false);
+            } else {
+                mf_project<mf_tile(MF_IP, MF_K)>(us, MF_LDU, MF_D, w_in, MF_IP, nullptr, zx, MF_IP, 0, MF_IP, 0,
+                                                 MF_K, false);
+            }
+            __syncthreads();
         }
-        __syncthreads();
         if (MF_STAGE) {  // the next block's in_proj, or the heads after the last block
             if (last && mf_rank() == 0) {
                 mf_stage(sm + SM_WHEAD, P + OFF_Q_WT, MF_D * MF_NQ);

@@ -215,6 +215,9 @@ def forward_layout(cfg: ModelConfig, ranks: int = 1) -> ForwardLayout:
             "MF_GRANKS": ranks // cfg.ngroups,
             "MF_GW": cfg.d_inner // cfg.ngroups,
             "MF_PSTRIDE": pos,
+            "MF_DIF": cfg.d_inner,
+            "MF_HF": cfg.n_heads,
+            "MF_GF": cfg.ngroups,
         }
     options = tuple(f"-D{k}={v}" for k, v in (dims | offsets).items())
     k = cfg.window

@@ -9,14 +9,16 @@ probabilities may flip where a draw lands within rounding of a CDF step.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from agent.kernels.decide import out_dtype
+from agent.kernels.decide import RING_STALE, out_dtype, ring_shape
 from agent.kernels.kelly import kelly_size_ref
-from agent.kernels.mamba_forward import mamba_forward_ref
+from agent.kernels.mamba_forward import VARIANTS, Variant, mamba_forward_ref
 from agent.kernels.softmax_ev import softmax_ev_ref
 from agent.kernels.thompson import thompson_ref
 from agent.kernels.window_push import window_push_ref
@@ -27,7 +29,7 @@ from agent.policy.config import PolicyConfig
 from agent.policy.kelly import leg_cost, regime_clamp
 from agent.policy.thompson import greedy_ref
 
-__all__ = ["DecideInputs", "check_decision", "decide_policy"]
+__all__ = ["DecideInputs", "DecideState", "Launch", "check_decision", "check_rings", "decide_policy"]
 
 
 def decide_policy(selection: Literal["thompson", "greedy"]) -> PolicyConfig:
@@ -179,3 +181,69 @@ def _check_sizing(
     away = ok & clear & (np.abs(raw_size - np.rint(raw_size)) > 1e-3)
     np.testing.assert_array_equal(g["target"][away], sizing.target[away])
     assert np.count_nonzero(g["target"][ok]) > 0  # the case exercises real sizes
+
+
+@dataclass(frozen=True)
+class DecideState:
+    """What a decision launch updates in place (NumPy): the slots' windows and counters, and a
+    model's ring of cached rows and its counters (``decide()``'s ``cache`` and ``cached``)."""
+
+    window: np.ndarray
+    bars: np.ndarray
+    steps: np.ndarray
+    cache: np.ndarray
+    cached: np.ndarray
+
+
+Launch = Callable[[Variant, DecideInputs, DecideState, PolicyConfig, float], np.ndarray]
+"""Runs ``decide()`` in a variant on a batch's inputs and a state (updated in place), with a
+policy and a fee a contract; returns the output bytes (rows, record size), poisoned with 255
+before the launch."""
+
+
+def check_rings(ck: Checkpoint, cfg: ModelConfig, launch: Launch) -> None:
+    """Each variant decides a bar on a stale ring (the whole window computed and stored), then
+    the next bar from its ring (the new row alone computed), both against the reference chain;
+    then a batch of unhealthy rows (nothing pushed) on a stale ring computes the windows afresh.
+    The rings must be the same bits in every variant and both ways (a ring one form wrote
+    serves any), and the slots not decided keep a stale ring."""
+    policy, fee = decide_policy("thompson"), 0.5
+    first = DecideInputs.draw(cfg, rows=16)
+    later = first.new.copy()
+    noise = np.random.default_rng(3).normal(size=(later.shape[0], cfg.n_features - 1))
+    later[:, :-1] += noise.astype(np.float32)
+    live = first.slots[first.slots >= 0]
+    rings = {}
+    for name, form in VARIANTS.items():
+        state = DecideState(
+            first.window.copy(),
+            first.bars.copy(),
+            first.steps.copy(),
+            np.full(ring_shape(cfg, first.bars.size), np.nan, np.float32),  # unread until written
+            np.full(first.bars.size, RING_STALE),
+        )
+        inputs = first
+        for rows in (first.new, later):
+            inputs = dataclasses.replace(
+                inputs, window=state.window.copy(), bars=state.bars.copy(), steps=state.steps.copy(), new=rows
+            )
+            out = launch(form, inputs, state, policy, fee)
+            check_decision(
+                ck,
+                cfg,
+                inputs,
+                out,
+                window=state.window,
+                bars=state.bars,
+                steps=state.steps,
+                policy=policy,
+                fee=fee,
+            )
+            np.testing.assert_array_equal(state.cached[live], state.bars[live])
+        assert (np.delete(state.cached, live) == RING_STALE).all()
+        rings[name] = state.cache[live].copy()
+        state.cached[live] = RING_STALE
+        state.cache[...] = np.nan
+        launch(form, dataclasses.replace(first, healthy=np.zeros_like(first.healthy)), state, policy, fee)
+        np.testing.assert_array_equal(state.cache[live], rings[name], err_msg=f"{name}: ring computed afresh")
+        np.testing.assert_array_equal(rings[name], rings["latency"], err_msg=f"{name} against latency")
