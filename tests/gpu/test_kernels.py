@@ -16,17 +16,22 @@ from typing import Any, Literal
 import numpy as np
 import pytest
 
-from agent.kernels.decide import RING_STALE, decide, out_dtype, ring_shape
 from agent.kernels.kelly import kelly_size, kelly_size_ref
-from agent.kernels.mamba_forward import VARIANTS, Variant, mamba_forward, mamba_forward_ref
+from agent.kernels.mamba_forward import VARIANTS, mamba_forward, mamba_forward_ref
 from agent.kernels.philox import philox4x32, philox4x32_ref
 from agent.kernels.softmax_ev import softmax_ev, softmax_ev_ref
 from agent.kernels.thompson import thompson, thompson_ref
 from agent.model.config import ModelConfig
-from agent.model.heads import c51_support, return_bin_centres
 from agent.policy.config import PolicyConfig
 from tests.gpu.conftest import SMALL, make_checkpoint, packed_for
-from tests.support.decide_chain import DecideInputs, DecideState, check_decision, check_rings, decide_policy
+from tests.support.decide_chain import (
+    DecideInputs,
+    DecideState,
+    check_launch,
+    check_rings,
+    decide_policy,
+    launcher,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -199,79 +204,14 @@ def test_decide_matches_the_reference_chain(
     cp: ModuleType, cfg: ModelConfig, variant: str, selection: Literal["thompson", "greedy"]
 ) -> None:
     ck = make_checkpoint(cfg, seed=9, scale=3.0)
-    policy = decide_policy(selection)
-    fee, spread_col = 0.5, cfg.n_features - 1
     inputs = DecideInputs.draw(cfg)
-    out = cp.full((inputs.slots.size, out_dtype(cfg.n_actions).itemsize), 255, dtype=cp.uint8)  # poisoned
-    dev_window, dev_bars, dev_steps = (cp.asarray(a) for a in (inputs.window, inputs.bars, inputs.steps))
-    decide(
-        cp.asarray(packed_for(ck, VARIANTS[variant])),
-        cfg,
-        VARIANTS[variant],
-        support=c51_support(cfg, cp),
-        centres32=return_bin_centres(cfg, cp),
-        centres64=return_bin_centres(cfg, cp, np.float64),
-        window=dev_window,
-        bars=dev_bars,
-        steps=dev_steps,
-        cache=cp.zeros(ring_shape(cfg, inputs.bars.size), cp.float32),
-        cached=cp.full(inputs.bars.size, RING_STALE, cp.uint64),
-        tick_value=cp.asarray(inputs.ticks),
-        rows=cp.asarray(inputs.new),
-        slots=cp.asarray(inputs.slots),
-        healthy=cp.asarray(inputs.healthy),
-        positions=cp.asarray(inputs.positions),
-        regime=cp.asarray(inputs.regime),
-        policy=policy,
-        fee_per_contract=fee,
-        spread_column=spread_col,
-        out=out,
-    )
-    check_decision(
-        ck,
-        cfg,
-        inputs,
-        cp.asnumpy(out),
-        window=cp.asnumpy(dev_window),
-        bars=cp.asnumpy(dev_bars),
-        steps=cp.asnumpy(dev_steps),
-        policy=policy,
-        fee=fee,
+    state = DecideState.before(inputs, cfg)
+    check_launch(
+        ck, launcher(cp, ck), VARIANTS[variant], inputs, state, policy=decide_policy(selection), fee=0.5
     )
 
 
 @pytest.mark.parametrize("cfg", [SMALL, ModelConfig(n_features=32)], ids=["small", "default"])
 def test_the_ring_of_cached_rows_is_the_same_in_every_variant(cp: ModuleType, cfg: ModelConfig) -> None:
     ck = make_checkpoint(cfg, seed=9, scale=3.0)
-
-    def launch(
-        form: Variant, inputs: DecideInputs, state: DecideState, policy: PolicyConfig, fee: float
-    ) -> np.ndarray:
-        out = cp.full((inputs.slots.size, out_dtype(cfg.n_actions).itemsize), 255, dtype=cp.uint8)
-        dev = {
-            name: cp.asarray(getattr(state, name)) for name in ("window", "bars", "steps", "cache", "cached")
-        }
-        decide(
-            cp.asarray(packed_for(ck, form)),
-            cfg,
-            form,
-            support=c51_support(cfg, cp),
-            centres32=return_bin_centres(cfg, cp),
-            centres64=return_bin_centres(cfg, cp, np.float64),
-            tick_value=cp.asarray(inputs.ticks),
-            rows=cp.asarray(inputs.new),
-            slots=cp.asarray(inputs.slots),
-            healthy=cp.asarray(inputs.healthy),
-            positions=cp.asarray(inputs.positions),
-            regime=cp.asarray(inputs.regime),
-            policy=policy,
-            fee_per_contract=fee,
-            spread_column=cfg.n_features - 1,
-            out=out,
-            **dev,
-        )
-        for name, array in dev.items():
-            getattr(state, name)[...] = cp.asnumpy(array)
-        return cp.asnumpy(out)
-
-    check_rings(ck, cfg, launch)
+    check_rings(ck, launcher(cp, ck))

@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from agent.kernels.decide import RING_STALE, decide, decide_variant, out_dtype, ring_shape
+from agent.kernels.decide import decide_variant
 from agent.kernels.mamba_forward import (
     CLUSTER,
     LATENCY,
@@ -23,11 +23,18 @@ from agent.kernels.mamba_forward import (
     forward_layout,
     shared_bytes,
 )
+from agent.model.checkpoint import Checkpoint
 from agent.model.config import ModelConfig
-from agent.model.heads import c51_support, return_bin_centres
-from agent.policy.config import PolicyConfig
-from tests.gpu.conftest import SMALL, make_checkpoint, packed_for
-from tests.support.decide_chain import DecideInputs, DecideState, check_decision, check_rings, decide_policy
+from tests.gpu.conftest import SMALL, make_checkpoint
+from tests.support.decide_chain import (
+    DecideInputs,
+    DecideState,
+    Launch,
+    check_launch,
+    check_rings,
+    decide_policy,
+    launcher,
+)
 
 
 @pytest.mark.parametrize(
@@ -54,79 +61,29 @@ from tests.support.decide_chain import DecideInputs, DecideState, check_decision
 def test_decide_matches_the_reference_chain(
     emu: ModuleType, cfg: ModelConfig, variant: str, selection: Literal["thompson", "greedy"]
 ) -> None:
-    form = VARIANTS[variant]
-    ranks = cluster_ranks(cfg, form)
     ck = make_checkpoint(cfg, seed=9, scale=3.0)
-    policy, fee = decide_policy(selection), 0.5
     inputs = DecideInputs.draw(cfg, rows=16)
-    window, bars, steps = inputs.window.copy(), inputs.bars.copy(), inputs.steps.copy()
-    out = np.full((inputs.slots.size, out_dtype(cfg.n_actions).itemsize), 255, np.uint8)  # poisoned
-    kernel = emu.module("decide.cu", (*forward_layout(cfg, ranks).options, *form.options())).get_function(
-        "decide_kernel"
+    state = DecideState.before(inputs, cfg)
+    check_launch(
+        ck, _launch(emu, ck), VARIANTS[variant], inputs, state, policy=decide_policy(selection), fee=0.5
     )
-    decide(
-        packed_for(ck, form),
-        cfg,
-        form,
-        support=c51_support(cfg),
-        centres32=return_bin_centres(cfg),
-        centres64=return_bin_centres(cfg, np, np.float64),
-        window=window,
-        bars=bars,
-        steps=steps,
-        cache=np.zeros(ring_shape(cfg, inputs.bars.size), np.float32),
-        cached=np.full(inputs.bars.size, RING_STALE),
-        tick_value=inputs.ticks,
-        rows=inputs.new,
-        slots=inputs.slots,
-        healthy=inputs.healthy.astype(np.uint8),
-        positions=inputs.positions,
-        regime=inputs.regime,
-        policy=policy,
-        fee_per_contract=fee,
-        spread_column=cfg.n_features - 1,
-        out=out,
-        kernel=kernel,
-    )
-    check_decision(ck, cfg, inputs, out, window=window, bars=bars, steps=steps, policy=policy, fee=fee)
 
 
 @pytest.mark.parametrize("cfg", [SMALL, ModelConfig(n_features=32)], ids=["small", "default"])
 def test_the_ring_of_cached_rows_is_the_same_in_every_variant(emu: ModuleType, cfg: ModelConfig) -> None:
     ck = make_checkpoint(cfg, seed=9, scale=3.0)
+    check_rings(ck, _launch(emu, ck))
 
-    def launch(
-        form: Variant, inputs: DecideInputs, state: DecideState, policy: PolicyConfig, fee: float
-    ) -> np.ndarray:
-        out = np.full((inputs.slots.size, out_dtype(cfg.n_actions).itemsize), 255, np.uint8)
+
+def _launch(emu: ModuleType, ck: Checkpoint) -> Launch:
+    """decide() of ``ck``'s model on the CPU emulation (a variant's kernel compiled on first use)."""
+    cfg = ck.config
+
+    def kernel(form: Variant) -> object:
         options = (*forward_layout(cfg, cluster_ranks(cfg, form)).options, *form.options())
-        decide(
-            packed_for(ck, form),
-            cfg,
-            form,
-            support=c51_support(cfg),
-            centres32=return_bin_centres(cfg),
-            centres64=return_bin_centres(cfg, np, np.float64),
-            window=state.window,
-            bars=state.bars,
-            steps=state.steps,
-            cache=state.cache,
-            cached=state.cached,
-            tick_value=inputs.ticks,
-            rows=inputs.new,
-            slots=inputs.slots,
-            healthy=inputs.healthy.astype(np.uint8),
-            positions=inputs.positions,
-            regime=inputs.regime,
-            policy=policy,
-            fee_per_contract=fee,
-            spread_column=cfg.n_features - 1,
-            out=out,
-            kernel=emu.module("decide.cu", options).get_function("decide_kernel"),
-        )
-        return out
+        return emu.module("decide.cu", options).get_function("decide_kernel")
 
-    check_rings(ck, cfg, launch)
+    return launcher(np, ck, kernel)
 
 
 def test_the_variant_follows_the_rows_the_shape_and_the_device() -> None:

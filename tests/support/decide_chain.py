@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from agent.kernels.decide import RING_STALE, out_dtype, ring_shape
+from agent.kernels.decide import RING_STALE, decide, out_dtype, ring_shape
 from agent.kernels.kelly import kelly_size_ref
-from agent.kernels.mamba_forward import VARIANTS, Variant, mamba_forward_ref
+from agent.kernels.mamba_forward import VARIANTS, Variant, cluster_ranks, mamba_forward_ref, pack_params
 from agent.kernels.softmax_ev import softmax_ev_ref
 from agent.kernels.thompson import thompson_ref
 from agent.kernels.window_push import window_push_ref
@@ -29,7 +29,16 @@ from agent.policy.config import PolicyConfig
 from agent.policy.kelly import leg_cost, regime_clamp
 from agent.policy.thompson import greedy_ref
 
-__all__ = ["DecideInputs", "DecideState", "Launch", "check_decision", "check_rings", "decide_policy"]
+__all__ = [
+    "DecideInputs",
+    "DecideState",
+    "Launch",
+    "check_decision",
+    "check_launch",
+    "check_rings",
+    "decide_policy",
+    "launcher",
+]
 
 
 def decide_policy(selection: Literal["thompson", "greedy"]) -> PolicyConfig:
@@ -194,6 +203,18 @@ class DecideState:
     cache: np.ndarray
     cached: np.ndarray
 
+    @classmethod
+    def before(cls, inputs: DecideInputs, cfg: ModelConfig) -> DecideState:
+        """Copies of the inputs' windows and counters, and a stale ring (NaN: read before it is
+        written, it would show in the decisions)."""
+        return cls(
+            inputs.window.copy(),
+            inputs.bars.copy(),
+            inputs.steps.copy(),
+            np.full(ring_shape(cfg, inputs.bars.size), np.nan, np.float32),
+            np.full(inputs.bars.size, RING_STALE),
+        )
+
 
 Launch = Callable[[Variant, DecideInputs, DecideState, PolicyConfig, float], np.ndarray]
 """Runs ``decide()`` in a variant on a batch's inputs and a state (updated in place), with a
@@ -201,12 +222,79 @@ policy and a fee a contract; returns the output bytes (rows, record size), poiso
 before the launch."""
 
 
-def check_rings(ck: Checkpoint, cfg: ModelConfig, launch: Launch) -> None:
+def launcher(xp: Any, ck: Checkpoint, kernel: Callable[[Variant], Any] | None = None) -> Launch:
+    """A :data:`Launch` of ``ck``'s model on arrays of ``xp``: NumPy with the CPU emulation's
+    kernel of each variant (``kernel``), or CuPy with the compiled kernels."""
+    cfg = ck.config
+    host = getattr(xp, "asnumpy", np.asarray)
+
+    def launch(
+        form: Variant, inputs: DecideInputs, state: DecideState, policy: PolicyConfig, fee: float
+    ) -> Any:
+        out = xp.full((inputs.slots.size, out_dtype(cfg.n_actions).itemsize), 255, dtype=xp.uint8)
+        arrays = {
+            name: xp.asarray(getattr(state, name)) for name in ("window", "bars", "steps", "cache", "cached")
+        }
+        packed = pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, cluster_ranks(cfg, form))
+        decide(
+            xp.asarray(packed),
+            cfg,
+            form,
+            support=c51_support(cfg, xp),
+            centres32=return_bin_centres(cfg, xp),
+            centres64=return_bin_centres(cfg, xp, np.float64),
+            tick_value=xp.asarray(inputs.ticks),
+            rows=xp.asarray(inputs.new),
+            slots=xp.asarray(inputs.slots),
+            healthy=xp.asarray(inputs.healthy.astype(np.uint8)),
+            positions=xp.asarray(inputs.positions),
+            regime=xp.asarray(inputs.regime),
+            policy=policy,
+            fee_per_contract=fee,
+            spread_column=cfg.n_features - 1,
+            out=out,
+            kernel=None if kernel is None else kernel(form),
+            **arrays,
+        )
+        for name, array in arrays.items():
+            getattr(state, name)[...] = host(array)
+        return host(out)
+
+    return launch
+
+
+def check_launch(
+    ck: Checkpoint,
+    launch: Launch,
+    form: Variant,
+    inputs: DecideInputs,
+    state: DecideState,
+    *,
+    policy: PolicyConfig,
+    fee: float,
+) -> None:
+    """One launch on ``state`` (the inputs' windows and counters) against the reference chain."""
+    out = launch(form, inputs, state, policy, fee)
+    check_decision(
+        ck,
+        ck.config,
+        inputs,
+        out,
+        window=state.window,
+        bars=state.bars,
+        steps=state.steps,
+        policy=policy,
+        fee=fee,
+    )
+
+
+def check_rings(ck: Checkpoint, launch: Launch) -> None:
     """Each variant decides a bar on a stale ring (the whole window computed and stored), then
     the next bar from its ring (the new row alone computed), both against the reference chain;
     then a batch of unhealthy rows (nothing pushed) on a stale ring computes the windows afresh.
     The rings must be the same bits in every variant and both ways (a ring one form wrote
     serves any), and the slots not decided keep a stale ring."""
+    cfg = ck.config
     policy, fee = decide_policy("thompson"), 0.5
     first = DecideInputs.draw(cfg, rows=16)
     later = first.new.copy()
@@ -215,30 +303,13 @@ def check_rings(ck: Checkpoint, cfg: ModelConfig, launch: Launch) -> None:
     live = first.slots[first.slots >= 0]
     rings = {}
     for name, form in VARIANTS.items():
-        state = DecideState(
-            first.window.copy(),
-            first.bars.copy(),
-            first.steps.copy(),
-            np.full(ring_shape(cfg, first.bars.size), np.nan, np.float32),  # unread until written
-            np.full(first.bars.size, RING_STALE),
-        )
+        state = DecideState.before(first, cfg)
         inputs = first
         for rows in (first.new, later):
             inputs = dataclasses.replace(
                 inputs, window=state.window.copy(), bars=state.bars.copy(), steps=state.steps.copy(), new=rows
             )
-            out = launch(form, inputs, state, policy, fee)
-            check_decision(
-                ck,
-                cfg,
-                inputs,
-                out,
-                window=state.window,
-                bars=state.bars,
-                steps=state.steps,
-                policy=policy,
-                fee=fee,
-            )
+            check_launch(ck, launch, form, inputs, state, policy=policy, fee=fee)
             np.testing.assert_array_equal(state.cached[live], state.bars[live])
         assert (np.delete(state.cached, live) == RING_STALE).all()
         rings[name] = state.cache[live].copy()
