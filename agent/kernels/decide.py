@@ -67,8 +67,7 @@ def ring_shape(cfg: ModelConfig, slots: int) -> tuple[int, int, int]:
     """The shape of a model's ring of cached rows (``decide()``'s ``cache``): per slot and window
     step, the first layer's per-row work (``MF_CW`` floats: the embedding's output, then in_proj's
     over the whole model's columns, padded to a multiple of 4)."""
-    in_proj = 2 * cfg.d_inner + 2 * cfg.ngroups * cfg.d_state + cfg.n_heads
-    return slots, cfg.window, cfg.d_model + -(-in_proj // 4) * 4
+    return slots, cfg.window, cfg.d_model + -(-cfg.in_proj_dim // 4) * 4
 
 
 def decide_variant(
