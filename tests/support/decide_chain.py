@@ -18,7 +18,7 @@ import numpy as np
 
 from agent.kernels.decide import RING_STALE, decide, out_dtype, ring_shape
 from agent.kernels.kelly import kelly_size_ref
-from agent.kernels.mamba_forward import VARIANTS, Variant, cluster_ranks, mamba_forward_ref, pack_params
+from agent.kernels.mamba_forward import VARIANTS, Variant, mamba_forward_ref
 from agent.kernels.softmax_ev import softmax_ev_ref
 from agent.kernels.thompson import thompson_ref
 from agent.kernels.window_push import window_push_ref
@@ -28,6 +28,7 @@ from agent.model.heads import c51_support, return_bin_centres
 from agent.policy.config import PolicyConfig
 from agent.policy.kelly import leg_cost, regime_clamp
 from agent.policy.thompson import greedy_ref
+from tests.gpu.conftest import packed_for
 
 __all__ = [
     "DecideInputs",
@@ -235,9 +236,8 @@ def launcher(xp: Any, ck: Checkpoint, kernel: Callable[[Variant], Any] | None = 
         arrays = {
             name: xp.asarray(getattr(state, name)) for name in ("window", "bars", "steps", "cache", "cached")
         }
-        packed = pack_params(ck.params, cfg, ck.norm_mean, ck.norm_std, cluster_ranks(cfg, form))
         decide(
-            xp.asarray(packed),
+            xp.asarray(packed_for(ck, form)),
             cfg,
             form,
             support=c51_support(cfg, xp),
