@@ -174,27 +174,46 @@ __device__ __forceinline__ void mf_cluster_sync() {
 #endif
 }
 
-// Start copying n floats (rounded up to whole 16-byte chunks: the packed layout pads every
-// tensor to 16 bytes) from global src to shared dst without waiting, as one cp.async group.
-__device__ __forceinline__ void mf_stage(float* dst, const float* __restrict__ src, int n) {
+// Copy N floats (1 or 4: 4 or 16 bytes, aligned alike) from global src to shared dst without
+// waiting (cp.async; the emulation copies at once).
+template <int N>
+__device__ __forceinline__ void mf_copy_async(float* dst, const float* src) {
 #ifdef __CUDA_ARCH__
-    const unsigned int base = (unsigned int)__cvta_generic_to_shared(dst);
-    for (int i = threadIdx.x; i < (n + 3) / 4; i += MF_THREADS) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + 16u * i), "l"(src + 4 * i));
+    const unsigned int at = (unsigned int)__cvta_generic_to_shared(dst);
+    if constexpr (N == 4) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(src));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(at), "l"(src));
     }
-    asm volatile("cp.async.commit_group;\n" ::);
-#else  // the CPU emulation of the tests (tests/support/cuda_emu): a plain copy
-    for (int i = threadIdx.x; i < (n + 3) / 4; i += MF_THREADS) {
-        for (int k = 0; k < 4; ++k) dst[4 * i + k] = src[4 * i + k];
-    }
+#else
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
 #endif
+}
+
+__device__ __forceinline__ void mf_copy_commit() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Wait for this thread's copy groups but the newest `pending`.
+template <int pending>
+__device__ __forceinline__ void mf_copy_wait() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+#endif
+}
+
+// Start copying n floats (rounded up to whole 16-byte chunks: the packed layout pads every
+// tensor to 16 bytes) from global src to shared dst without waiting, as one copy group.
+__device__ __forceinline__ void mf_stage(float* dst, const float* __restrict__ src, int n) {
+    for (int i = threadIdx.x; i < (n + 3) / 4; i += MF_THREADS) mf_copy_async<4>(dst + 4 * i, src + 4 * i);
+    mf_copy_commit();
 }
 
 // Wait for every staged copy of this thread, then for those of the whole block.
 __device__ __forceinline__ void mf_stage_wait() {
-#ifdef __CUDA_ARCH__
-    asm volatile("cp.async.wait_all;\n" ::);
-#endif
+    mf_copy_wait<0>();
     __syncthreads();
 }
 
@@ -717,36 +736,6 @@ __device__ __forceinline__ void mf_rows_in_proj(const float* w_in, const float* 
         zx[i] = v;
         if (col >= 0 && mf_stores_col(c)) rows.ring[(size_t)((rows.first + t) % MF_K) * MF_CW + MF_D + col] = v;
     }
-}
-
-// Copy N floats (1 or 4: 4 or 16 bytes, aligned alike) from global src to shared dst without
-// waiting (cp.async; the emulation copies at once).
-template <int N>
-__device__ __forceinline__ void mf_copy_async(float* dst, const float* src) {
-#ifdef __CUDA_ARCH__
-    const unsigned int at = (unsigned int)__cvta_generic_to_shared(dst);
-    if constexpr (N == 4) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(src));
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(at), "l"(src));
-    }
-#else
-    for (int k = 0; k < N; ++k) dst[k] = src[k];
-#endif
-}
-
-__device__ __forceinline__ void mf_copy_commit() {
-#ifdef __CUDA_ARCH__
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-// Wait for this thread's copy groups but the newest `pending`.
-template <int pending>
-__device__ __forceinline__ void mf_copy_wait() {
-#ifdef __CUDA_ARCH__
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
-#endif
 }
 
 // Start copying steps [0, from) of the first layer from the ring, as one copy group: the
