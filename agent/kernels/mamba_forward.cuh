@@ -190,6 +190,7 @@ __device__ __forceinline__ void mf_copy_async(float* dst, const float* src) {
 #endif
 }
 
+// Close this thread's copies issued since its last commit into one group (mf_copy_wait).
 __device__ __forceinline__ void mf_copy_commit() {
 #ifdef __CUDA_ARCH__
     asm volatile("cp.async.commit_group;\n" ::);
