@@ -24,14 +24,7 @@ from agent.kernels.thompson import thompson, thompson_ref
 from agent.model.config import ModelConfig
 from agent.policy.config import PolicyConfig
 from tests.gpu.conftest import SMALL, make_checkpoint, packed_for
-from tests.support.decide_chain import (
-    DecideInputs,
-    DecideState,
-    check_launch,
-    check_rings,
-    decide_policy,
-    launcher,
-)
+from tests.support.decide_chain import check_reference_chain, check_rings, launcher
 
 pytestmark = pytest.mark.gpu
 
@@ -204,11 +197,7 @@ def test_decide_matches_the_reference_chain(
     cp: ModuleType, cfg: ModelConfig, variant: str, selection: Literal["thompson", "greedy"]
 ) -> None:
     ck = make_checkpoint(cfg, seed=9, scale=3.0)
-    inputs = DecideInputs.draw(cfg)
-    state = DecideState.before(inputs, cfg)
-    check_launch(
-        ck, launcher(cp, ck), VARIANTS[variant], inputs, state, policy=decide_policy(selection), fee=0.5
-    )
+    check_reference_chain(ck, launcher(cp, ck), VARIANTS[variant], selection, rows=64)
 
 
 @pytest.mark.parametrize("cfg", [SMALL, ModelConfig(n_features=32)], ids=["small", "default"])

@@ -26,15 +26,7 @@ from agent.kernels.mamba_forward import (
 from agent.model.checkpoint import Checkpoint
 from agent.model.config import ModelConfig
 from tests.gpu.conftest import SMALL, make_checkpoint
-from tests.support.decide_chain import (
-    DecideInputs,
-    DecideState,
-    Launch,
-    check_launch,
-    check_rings,
-    decide_policy,
-    launcher,
-)
+from tests.support.decide_chain import Launch, check_reference_chain, check_rings, launcher
 
 
 @pytest.mark.parametrize(
@@ -62,11 +54,7 @@ def test_decide_matches_the_reference_chain(
     emu: ModuleType, cfg: ModelConfig, variant: str, selection: Literal["thompson", "greedy"]
 ) -> None:
     ck = make_checkpoint(cfg, seed=9, scale=3.0)
-    inputs = DecideInputs.draw(cfg, rows=16)
-    state = DecideState.before(inputs, cfg)
-    check_launch(
-        ck, _launch(emu, ck), VARIANTS[variant], inputs, state, policy=decide_policy(selection), fee=0.5
-    )
+    check_reference_chain(ck, _launch(emu, ck), VARIANTS[variant], selection, rows=16)
 
 
 @pytest.mark.parametrize("cfg", [SMALL, ModelConfig(n_features=32)], ids=["small", "default"])

@@ -36,6 +36,7 @@ __all__ = [
     "Launch",
     "check_decision",
     "check_launch",
+    "check_reference_chain",
     "check_rings",
     "decide_policy",
     "launcher",
@@ -286,6 +287,16 @@ def check_launch(
         policy=policy,
         fee=fee,
     )
+
+
+def check_reference_chain(
+    ck: Checkpoint, launch: Launch, form: Variant, selection: Literal["thompson", "greedy"], *, rows: int
+) -> None:
+    """One launch of ``form`` on ``rows`` freshly drawn rows (the windows' counters as drawn, a
+    stale ring) against the reference chain, selecting by ``selection``."""
+    inputs = DecideInputs.draw(ck.config, rows=rows)
+    state = DecideState.before(inputs, ck.config)
+    check_launch(ck, launch, form, inputs, state, policy=decide_policy(selection), fee=0.5)
 
 
 def check_rings(ck: Checkpoint, launch: Launch) -> None:
