@@ -6,6 +6,10 @@ Keys (README "Benchmarks"):
 * ``device``: the backend measured; ``floor_kind`` says what the floor is.
 * ``floor_us``: CUDA: one empty kernel launch + stream synchronisation from Python (median);
   CPU: one trivial NumPy call (``np.add`` on one element), the CPU's equivalent floor.
+* CUDA only: ``resident_floor_us``, ``resident_floor_p99_us``: p50 and p99 of a round trip
+  to a resident kernel through pinned mapped memory (:func:`resident_round_trip_us`): the floor
+  of a decision served by a kernel that stays on the device, which the engine does not do
+  (docs/gpu.md, "What the targets still need").
 * ``p50_us_b1``, ``p99_us_b1``, ``p50_us_b64``, ``p99_us_b64``: wall time of one
   :meth:`InferenceEngine.decide` call (window push to sized targets, host in and out) at 1 and
   64 instruments; ``*_vs_floor``: the same over ``floor_us``.
@@ -44,8 +48,10 @@ from rich.console import Console
 from rich.progress import Progress
 from threadpoolctl import threadpool_limits
 
+from agent.errors import AgentError
 from agent.gpu.backend import Backend, select_backend
 from agent.gpu.engine import SPREAD_FEATURE, InferenceEngine
+from agent.gpu.pinned import mapped_empty
 from agent.kernels.loader import cupy, kernel
 from agent.kernels.train import INPUTS, FusedUpdate, UpdateSettings, input_shape, pack_train, train_layout
 from agent.model.checkpoint import Checkpoint, checkpoint_from_bytes, checkpoint_to_bytes
@@ -59,7 +65,7 @@ from agent.train.cuda_learner import fused_fits
 if TYPE_CHECKING:  # the benchmark reads only config.device, .model and .policy
     from agent.config import Config
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "resident_round_trip_us", "run"]
 
 _THROUGHPUT_BATCH = 4096
 
@@ -115,6 +121,53 @@ def _floor_us(backend: Backend, iterations: int) -> float:
             np.add(one, 1.0, out=one)
             samples.append(time.perf_counter() - t0)
     return float(np.median(samples) * 1e6)
+
+
+_RESIDENT_ECHO = r"""
+extern "C" __global__ void resident_echo(const volatile unsigned long long* inbox,
+                                         volatile unsigned long long* outbox) {
+    // One thread, resident until the host writes 0: each number the host writes after the 1 it
+    // starts with is written back, past a system-wide fence.
+    unsigned long long seen = 1ull;
+    for (;;) {
+        const unsigned long long s = *inbox;
+        if (s == seen) continue;
+        if (s == 0ull) return;
+        *outbox = s;
+        __threadfence_system();
+        seen = s;
+    }
+}
+"""
+
+
+def resident_round_trip_us(iterations: int, *, timeout_s: float = 5.0) -> tuple[float, float]:
+    """p50 and p99 of one round trip to a resident kernel: the host writes a number into pinned
+    mapped memory, a kernel that never leaves between calls polls it and writes it back, the
+    host polls for it. The floor of a decision that is not a launch (a persistent kernel
+    serving decisions); ``floor_us`` is the launch's. Needs a CUDA device; raises
+    :class:`~agent.errors.AgentError` if the kernel does not answer within ``timeout_s``."""
+    cp = cupy()
+    echo = cp.RawKernel(_RESIDENT_ECHO, "resident_echo")
+    boxes = mapped_empty((2,), np.uint64)
+    inbox, outbox = boxes.host[0:1], boxes.host[1:2]
+    inbox[0] = outbox[0] = 1
+    stream = cp.cuda.Stream(non_blocking=True)
+    echo((1,), (1,), (boxes.device[0:1], boxes.device[1:2]), stream=stream)
+    samples: list[float] = []
+    try:
+        for n in range(2, iterations + 102):  # the first 100 untimed
+            t0 = time.perf_counter()
+            inbox[0] = n
+            while outbox[0] != n:
+                if time.perf_counter() - t0 > timeout_s:
+                    raise AgentError(f"the resident kernel did not answer within {timeout_s:g} s")
+            if n > 101:
+                samples.append(time.perf_counter() - t0)
+    finally:
+        inbox[0] = 0  # the kernel returns
+        stream.synchronize()
+    return _percentiles_us(samples)
 
 
 def _decide_timer(engine: InferenceEngine, batch: int, seed: int) -> Callable[[], float]:
@@ -293,6 +346,8 @@ def _measure(args: argparse.Namespace, config: Config, backend: Backend, cfg: Mo
 
         out["floor_kind"] = "empty kernel launch + stream sync" if cuda else "trivial NumPy call (CPU)"
         out["floor_us"] = _floor_us(backend, iterations)
+        if cuda:
+            out["resident_floor_us"], out["resident_floor_p99_us"] = resident_round_trip_us(iterations)
         phase("latency B=1")
         out |= _latency(cfg, config, backend, 1, iterations)
         phase("latency B=64")

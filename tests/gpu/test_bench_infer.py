@@ -1,11 +1,15 @@
 """``tradeagent bench infer --json`` end to end on the CPU with a small model: one JSON object with
 every documented key of the CPU path; the figures are measurements, so only their sanity is
-checked. On a CUDA host the same command adds the CPU reference and the ratios."""
+checked. On a CUDA host the same command adds the CPU reference and the ratios, and the round
+trip to a resident kernel (tested here on its own)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from agent.bench.infer import resident_round_trip_us
 from tests.support.bench import TINY_MODEL, bench_json
 
 KEYS = {
@@ -46,3 +50,11 @@ def test_bench_infer_on_the_cpu_prints_its_keys(tmp_path: Path) -> None:
     assert result["device"] == "cpu" and result["train_kind"] == "array code" and result["train_batch"] == 64
     assert 0 < result["p50_us_b1"] <= result["p99_us_b1"] and result["decisions_per_s_b4096"] > 0
     assert result["train_samples_per_s"] > 0 and result["window"] == 4
+
+
+@pytest.mark.gpu
+def test_the_resident_kernel_echoes_every_number_then_returns() -> None:
+    # Each timed round trip waits for its own number (a kernel that missed one would time out),
+    # and the call returns only once the kernel has left the device.
+    p50, p99 = resident_round_trip_us(200, timeout_s=2.0)
+    assert 0 < p50 <= p99 < 2e6
