@@ -212,8 +212,8 @@ class EventDriver:
             self._market(run.records)
             if run.on_clock and (reports := self.broker.advance(run.decided_ns - 1)):
                 self._reports(reports)  # the feed clock moved without a record: orders due by then
-            if run.frame is not None:
-                self._decide(run.frame, run.decided_ns, t0)
+            if run.frames:
+                self._decide(run.frames, run.decided_ns, t0)
 
     def _market(self, records: np.ndarray[Any, Any]) -> None:
         reports = self.broker.on_records(records)
@@ -273,39 +273,46 @@ class EventDriver:
             else:
                 self.orders.apply(report)
 
-    def _decide(self, frame: BarFrame, now_ns: int, t0: int) -> None:
-        """Decide every bar of ``frame`` at ``now_ns`` (several when a record closed empty bars
-        within the grace), one round each as in the daemon: only the last one may send an
-        order, and every round ends with the risk check."""
-        i = self.slot[frame.instrument_id]
-        self._frames[frame.symbol].append(frame)
+    def _decide(self, frames: Sequence[BarFrame], now_ns: int, t0: int) -> None:
+        """Decide the bars of ``frames`` at ``now_ns`` (one instrument's that a record closed,
+        several when it closed empty bars within the grace; or every quiet instrument's that the
+        clock closed then) in rounds, as the daemon does (:mod:`agent.daemon.decisions`): round
+        r is one decision of every instrument's r-th bar, only an instrument's last bar may send
+        an order, and every round ends with the risk check."""
         bars, grace = self.config.feeds.bars, self.config.daemon.close_grace_ns
-        on_clock = sum(clock_closes(now_ns, t, bars, grace) for t in frame.ts_close.tolist())
-        self._count("clock_close_bars", on_clock)
-        for r in range(len(frame)):
-            close = BarClose(frame, r)
-            step = self.trading.decide([close], self.decider)
-            bar = self.bars_seen[i]
-            self.bars_seen[i] += 1
-            order = None
-            if r == len(frame) - 1 and bool(step.decided.valid[0]):
-                order = self.trading.order_for(
-                    close, int(step.decided.target[0]), now_ns=now_ns, blocked=self.halted
+        for frame in frames:
+            self._frames[frame.symbol].append(frame)
+            on_clock = sum(clock_closes(now_ns, t, bars, grace) for t in frame.ts_close.tolist())
+            self._count("clock_close_bars", on_clock)
+        for r in range(max(len(frame) for frame in frames)):
+            part = [frame for frame in frames if r < len(frame)]
+            closes = [BarClose(frame, r) for frame in part]
+            step = self.trading.decide(closes, self.decider)
+            decided = step.decided
+            for j, close in enumerate(closes):
+                frame = part[j]
+                i = self.slot[frame.instrument_id]
+                bar = self.bars_seen[i]
+                self.bars_seen[i] += 1
+                order = None
+                if r == len(frame) - 1 and bool(decided.valid[j]):
+                    order = self.trading.order_for(
+                        close, int(decided.target[j]), now_ns=now_ns, blocked=self.halted
+                    )
+                    if order is not None:
+                        self._send(order, i, bar)
+                    self.run.latency_ns.append(time.perf_counter_ns() - t0)
+                self._rows.append(
+                    (
+                        frame.ts_close[r],
+                        i,
+                        bar,
+                        decided if len(closes) == 1 else decided.take(slice(j, j + 1)),
+                        step.regime[j],
+                        step.positions[j],
+                        order is not None,
+                    )
                 )
-                if order is not None:
-                    self._send(order, i, bar)
-                self.run.latency_ns.append(time.perf_counter_ns() - t0)
-            self._rows.append(
-                (
-                    frame.ts_close[r],
-                    i,
-                    bar,
-                    step.decided,
-                    step.regime[0],
-                    step.positions[0],
-                    order is not None,
-                )
-            )
             self._check_risk(now_ns)
 
     def _send(self, order: NewOrder, i: int, bar: int) -> None:

@@ -265,9 +265,10 @@ class Intake(Component):
                     self._venue.on_records(run.records)
                 if run.on_clock:  # as live: the paper book's clock moves to the clock close
                     self._venue.advance(run.decided_ns - 1)
-                if run.frame is not None:
+                if run.frames:
                     await self._settle()
-                    await self._queue.decide([run.frame], [time.time_ns()], run.decided_ns)
+                    arrival = time.time_ns()
+                    await self._queue.decide(list(run.frames), [arrival] * len(run.frames), run.decided_ns)
 
     async def _live(self, source: QueuedSource) -> None:
         """A live feed in coalesced runs: this task takes the events at the head of an inbox as

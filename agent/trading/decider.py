@@ -65,10 +65,10 @@ class Decided:
         """The rows of ``parts``, in order, as one decision (the drivers log a run's at once)."""
         return cls(*(np.concatenate([getattr(d, f.name) for d in parts]) for f in fields(cls)))
 
-    def take(self, mask: npt.NDArray[np.bool_]) -> Decided:
-        """The rows selected by ``mask``."""
+    def take(self, rows: npt.NDArray[np.bool_] | slice) -> Decided:
+        """The rows selected by ``rows`` (a mask or a slice)."""
         return Decided(
-            self.action[mask], self.target[mask], self.valid[mask], self.size[mask], self.kelly_f[mask]
+            self.action[rows], self.target[rows], self.valid[rows], self.size[rows], self.kelly_f[rows]
         )
 
 

@@ -555,8 +555,10 @@ class Run(NamedTuple):
 
     records: np.ndarray
     """The records that reach the book before the decision (possibly none)."""
-    frame: BarFrame | None
-    """The bars decided then (one instrument's, in close order); ``None``: records only."""
+    frames: tuple[BarFrame, ...]
+    """The bars decided then, one frame an instrument (its bars in close order): the one
+    instrument's that a record closed, or every quiet instrument's the clock closed at that
+    moment (in the configured order); none: records only."""
     decided_ns: int
     """The moment, on the feed clock, of the decision (:func:`feeds.bars.decision_times`): its
     orders are placed then."""
@@ -611,10 +613,11 @@ class IncrementalFeatures:
         A bar is decided when the daemon's intake closes it (:func:`feeds.bars.decision_times`,
         ``grace_ns`` = ``daemon.close_grace_ns``): at the record that closes it, or, for a time
         bar whose instrument is quiet past the grace, on the clock, after the last record
-        (of any instrument) stamped before that moment. Each bar the clock closes is its own
-        run; a run may then hold no record. The time bars due by the clock of the batch's
-        last record are closed here; those due later wait for the next batch (the end of the
-        data closes none).
+        (of any instrument) stamped before that moment. The bars the clock closes at one moment
+        (every quiet instrument's, a grace past one boundary) are one run, decided together as
+        the live daemon decides them (:meth:`agent.daemon.intake.Intake._close_due`); a run may
+        then hold no record. The time bars due by the clock of the batch's last record are
+        closed here; those due later wait for the next batch (the end of the data closes none).
 
         While a run is out, each instrument's :meth:`IncrementalBars.book` is its book as of the
         run's last record, so a caller that decides the bars before taking the next run sees
@@ -672,17 +675,20 @@ class IncrementalFeatures:
         try:
             for builder, shown in showing:
                 builder.show(shown)
-            for run in sorted(range(len(keys)), key=keys.__getitem__):
-                end, decided_ns, on_clock = keys[run]
+            # runs of one key are the clock's closes at one moment (a record closes one
+            # instrument's bars): one run, its frames in the builders' order (the sort is stable)
+            for (end, decided_ns, on_clock), runs in itertools.groupby(
+                sorted(range(len(keys)), key=keys.__getitem__), key=keys.__getitem__
+            ):
                 for _, shown in showing:
                     shown.end = end
-                yield Run(records[start : end + 1], frames[run], decided_ns, on_clock)
+                yield Run(records[start : end + 1], tuple(frames[run] for run in runs), decided_ns, on_clock)
                 start = max(start, end + 1)
         finally:
             for builder, _ in showing:
                 builder.show_last()
         if start < records.shape[0]:
-            yield Run(records[start:], None, int(clock[-1]), False)
+            yield Run(records[start:], (), int(clock[-1]), False)
 
     def _route(self, contiguous: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Add every MBP-10 record of a configured instrument in ``contiguous`` (an array of

@@ -6,6 +6,7 @@ clock before each record (:func:`closing_runs` here, the reference)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,12 +25,13 @@ HEALTH = HealthConfig(stale_after_s=2.0, max_price_jump_ticks=50)
 
 def closing_runs(
     features: IncrementalFeatures, records: np.ndarray, grace_ns: int
-) -> Iterator[tuple[np.ndarray, BarFrame | None, int, bool]]:
+) -> Iterator[tuple[np.ndarray, tuple[BarFrame, ...], int, bool]]:
     """Reference: ``records`` pushed one at a time. Before each record, the time bars its clock
     makes due (decided ``grace_ns`` + 1 ns after their close, the feed clock being the latest
-    ``ts_recv`` of the configured instruments' MBP-10 records) are decided one by one, in time
-    order, after the records before it; then the bars the record closes, at its clock. Each
-    decision with the records since the last one; then the records left (frame None)."""
+    ``ts_recv`` of the configured instruments' MBP-10 records) are decided in time order, those
+    of one moment together (in the instruments' order), after the records before it; then the
+    bars the record closes, at its clock. Each decision with the records since the last one;
+    then the records left (no frame)."""
     size = MBP10_DTYPE.itemsize
     raw = np.ascontiguousarray(records).data.cast("B")
     builders = list(features.by_id.values())
@@ -48,15 +50,15 @@ def closing_runs(
             for j in range(0 if frame is None else len(frame)):
                 assert frame is not None
                 due.append((int(frame.ts_close[j]) + grace_ns + 1, i, _bar(frame, j)))
-        for decided, _, bar in sorted(due, key=lambda d: d[:2]):
-            yield records[start:k], bar, decided, True
+        for decided, together in itertools.groupby(sorted(due, key=lambda d: d[:2]), key=lambda d: d[0]):
+            yield records[start:k], tuple(bar for _, _, bar in together), decided, True
             start = k
         frame = features.push(raw[k * size : (k + 1) * size])
         if frame is not None:
-            yield records[start : k + 1], frame, features.by_id[frame.instrument_id].clock_ns, False
+            yield records[start : k + 1], (frame,), features.by_id[frame.instrument_id].clock_ns, False
             start = k + 1
     if start < records.shape[0]:
-        yield records[start:], None, max(b.clock_ns for b in builders), False
+        yield records[start:], (), max(b.clock_ns for b in builders), False
 
 
 def _bar(frame: BarFrame, j: int) -> BarFrame:
@@ -93,17 +95,17 @@ def feed(seed: int) -> np.ndarray:
 
 
 def snapshot(
-    features: IncrementalFeatures, run: np.ndarray, frame: BarFrame | None, decided: int, on_clock: bool
+    features: IncrementalFeatures, run: np.ndarray, frames: tuple[BarFrame, ...], decided: int, on_clock: bool
 ) -> tuple[Any, ...]:
     """What a caller sees when it takes a run: the records, the bars, their time and every book."""
     books = []
     for builder in features.by_id.values():
         book = builder.book()
         books.append(None if book is None else dataclasses.astuple(book))
-    bars = None
-    if frame is not None:
-        bars = {f.name: getattr(frame, f.name) for f in dataclasses.fields(frame)}
-        bars = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in bars.items()}
+    bars = []
+    for frame in frames:
+        fields = {f.name: getattr(frame, f.name) for f in dataclasses.fields(frame)}
+        bars.append({k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in fields.items()})
     return run.tobytes(), bars, decided, on_clock, str(books)
 
 
@@ -126,7 +128,7 @@ def test_batch_walk_hands_out_what_the_record_walk_does(bars: BarConfig, grace_m
     batches = np.split(records, cuts[cuts < len(records)])
     by_record = IncrementalFeatures(SPECS, bars, HEALTH)
     by_batch = IncrementalFeatures(SPECS, bars, HEALTH)
-    decided = on_clock = 0
+    decided = on_clock = together = 0
     for k, batch in enumerate(batches):
         if k == len(batches) // 3:  # a transport gap between batches, as the driver reports one
             for features in (by_record, by_batch):
@@ -135,13 +137,15 @@ def test_batch_walk_hands_out_what_the_record_walk_does(bars: BarConfig, grace_m
         expected = [snapshot(by_record, *run) for run in closing_runs(by_record, batch, grace_ns)]
         got = [snapshot(by_batch, *run) for run in by_batch.closing_runs(batch, grace_ns=grace_ns)]
         assert got == expected
-        decided += sum(bars is not None for _, bars, _, _, _ in got)
+        decided += sum(bool(bars) for _, bars, _, _, _ in got)
         on_clock += sum(clock for _, _, _, clock, _ in got)
+        together += sum(len(bars) > 1 for _, bars, _, _, _ in got)
     assert decided > 100
     if bars.clock == "events" or grace_ms > 1_000:
-        assert on_clock == 0
-    else:  # this feed has quiet stretches: bars closed on the clock, runs without a record
-        assert on_clock > 10
+        assert on_clock == together == 0
+    else:  # this feed has quiet stretches: bars closed on the clock (runs without a record), at
+        # times both instruments' at one moment (one run)
+        assert on_clock > 10 and together > 10
     assert by_batch.rejected == by_record.rejected == 21
     assert [b.book() for b in by_batch.by_id.values()] == [b.book() for b in by_record.by_id.values()]
 
@@ -150,8 +154,8 @@ def test_a_walk_left_early_shows_the_last_book_again() -> None:
     records = feed(seed=8)[:3000]
     features = IncrementalFeatures(SPECS, BarConfig(clock="time", interval_s=0.5), HEALTH)
     walk = features.closing_runs(records, grace_ns=50_000_000)
-    run, frame, _, _ = next(walk)
-    assert frame is not None
+    run, frames, _, _ = next(walk)
+    assert frames
     es = features.by_id[1001].book()
     assert es is not None and es.ts_recv == int(run["ts_recv"][run["instrument_id"] == 1001][-1])
     walk.close()

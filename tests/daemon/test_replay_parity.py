@@ -2,7 +2,9 @@
 way: one trading step (agent/trading) serves both, so their decision streams (instrument, bar,
 action, validity, target, Kelly size, decision by decision), orders and fills agree exactly, each
 in its real SQLite ledger; with a daily-loss limit that binds, both halt at the same bar with the
-same reason (the breach is checked after every decision round on the feed clock in both).
+same reason (the breach is checked after every decision round on the feed clock in both). Both
+decide in the same rounds: the bars the clock closes at one moment (every quiet instrument's)
+are one round, one batched decision, as the live daemon decides them.
 
 The daemon runs in-process on the test's loop with its real sockets, the paper broker at the
 configured latency and the replay source at full speed; it reports READY over a real
@@ -95,7 +97,9 @@ async def test_daemon_replay_and_event_backtest_trade_identically(
     )
     blob, fingerprint = model_checkpoint(seed=4)
     install_model(config, blob, fingerprint)
-    rows, daemon_halt = await _daemon_replay(config, tmp_path / "notify.sock", monkeypatch, sum(records))
+    rows, daemon_rounds, daemon_halt = await _daemon_replay(
+        config, tmp_path / "notify.sock", monkeypatch, sum(records)
+    )
 
     scratch = tmp_path / "backtest"
     database = open_database(StorageConfig(), scratch)
@@ -107,8 +111,17 @@ async def test_daemon_replay_and_event_backtest_trade_identically(
         fee_per_contract=config.broker.fee_per_contract,
         max_batch=len(INSTRUMENTS),
     )
+    backtest_rounds: list[int] = []
+    real_decide = TradingStep.decide
+
+    def counted(self: TradingStep, closes: list[BarClose], decider: Decider) -> Step:
+        backtest_rounds.append(len(closes))
+        return real_decide(self, closes, decider)
+
     try:
-        run = await EventDriver(config, INSTRUMENTS, decider, database, [0.0, 0.0]).replay(feed, 0, 2**62)
+        with monkeypatch.context() as patch:
+            patch.setattr(TradingStep, "decide", counted)
+            run = await EventDriver(config, INSTRUMENTS, decider, database, [0.0, 0.0]).replay(feed, 0, 2**62)
     finally:
         decider.close()
         database.close()
@@ -122,6 +135,8 @@ async def test_daemon_replay_and_event_backtest_trade_identically(
         )
     daemon_stream, backtest = _stream(rows), _logged(log)
     assert len(daemon_stream) == len(backtest) > 500
+    assert daemon_rounds == backtest_rounds  # the closes decided together
+    assert backtest_rounds.count(2) > 20, "both instruments' bars closed on the clock at one moment"
     assert sum(d[4] for d in backtest) > 100, "most decisions are valid"
     for k, (ours, theirs) in enumerate(zip(daemon_stream, backtest, strict=True)):
         assert ours == theirs, f"decision {k} differs: daemon {ours}, backtest {theirs}"
@@ -141,13 +156,16 @@ async def test_daemon_replay_and_event_backtest_trade_identically(
 
 async def _daemon_replay(
     config: Config, notify_path: Path, monkeypatch: pytest.MonkeyPatch, total: int
-) -> tuple[list[tuple[int, int, int, bool, int, float]], str]:
+) -> tuple[list[tuple[int, int, int, bool, int, float]], list[int], str]:
     """The daemon replaying its feed (``total`` records) to the end, READY sent to a socket at
-    ``notify_path``: the rows it decided (:func:`_stream`'s input) and its risk halt ("" if none)."""
+    ``notify_path``: the rows it decided (:func:`_stream`'s input), the rows of each of its
+    decision rounds and its risk halt ("" if none)."""
     rows: list[tuple[int, int, int, bool, int, float]] = []
+    rounds: list[int] = []
     real_decide = TradingStep.decide
 
     def recorded(self: TradingStep, closes: list[BarClose], decider: Decider) -> Step:
+        rounds.append(len(closes))
         step = real_decide(self, closes, decider)
         d = step.decided
         for j, c in enumerate(closes):
@@ -185,7 +203,7 @@ async def _daemon_replay(
             daemon.request_stop()
             assert await asyncio.wait_for(task, 60) == 0
             notify.close()
-    return rows, status.halts.get("risk", "")
+    return rows, rounds, status.halts.get("risk", "")
 
 
 def _logged(log: dict[str, np.ndarray]) -> list[Decision]:
