@@ -289,8 +289,7 @@ class EventDriver:
             closes = [BarClose(frame, r) for frame in part]
             step = self.trading.decide(closes, self.decider)
             decided = step.decided
-            for j, close in enumerate(closes):
-                frame = part[j]
+            for j, (frame, close) in enumerate(zip(part, closes, strict=True)):
                 i = self.slot[frame.instrument_id]
                 bar = self.bars_seen[i]
                 self.bars_seen[i] += 1
