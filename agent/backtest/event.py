@@ -45,7 +45,7 @@ from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Cancelled, Fill, NewOrder, Reject, Report
 from agent.trading.decider import Decided, Decider
-from agent.trading.step import BarClose, TradingStep
+from agent.trading.step import TradingStep, decision_rounds
 from feeds.bars import clock_closes
 from feeds.config import InstrumentSpec
 from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
@@ -276,25 +276,23 @@ class EventDriver:
     def _decide(self, frames: Sequence[BarFrame], now_ns: int, t0: int) -> None:
         """Decide the bars of ``frames`` at ``now_ns`` (one instrument's that a record closed,
         several when it closed empty bars within the grace; or every quiet instrument's that the
-        clock closed then) in rounds, as the daemon does (:mod:`agent.daemon.decisions`): round
-        r is one decision of every instrument's r-th bar, only an instrument's last bar may send
-        an order, and every round ends with the risk check."""
+        clock closed then) in the daemon's rounds (:func:`agent.trading.step.decision_rounds`):
+        round r is one decision of every instrument's r-th bar, only an instrument's last bar may
+        send an order, and every round ends with the risk check."""
         bars, grace = self.config.feeds.bars, self.config.daemon.close_grace_ns
         for frame in frames:
             self._frames[frame.symbol].append(frame)
             on_clock = sum(clock_closes(now_ns, t, bars, grace) for t in frame.ts_close.tolist())
             self._count("clock_close_bars", on_clock)
-        for r in range(max(len(frame) for frame in frames)):
-            part = [frame for frame in frames if r < len(frame)]
-            closes = [BarClose(frame, r) for frame in part]
-            step = self.trading.decide(closes, self.decider)
+        for batch in decision_rounds(frames, lambda frame: frame):
+            step = self.trading.decide([close for _, close, _ in batch], self.decider)
             decided = step.decided
-            for j, (frame, close) in enumerate(zip(part, closes, strict=True)):
+            for j, (frame, close, last) in enumerate(batch):
                 i = self.slot[frame.instrument_id]
                 bar = self.bars_seen[i]
                 self.bars_seen[i] += 1
                 order = None
-                if r == len(frame) - 1 and bool(decided.valid[j]):
+                if last and bool(decided.valid[j]):
                     order = self.trading.order_for(
                         close, int(decided.target[j]), now_ns=now_ns, blocked=self.halted
                     )
@@ -303,10 +301,10 @@ class EventDriver:
                     self.run.latency_ns.append(time.perf_counter_ns() - t0)
                 self._rows.append(
                     (
-                        frame.ts_close[r],
+                        frame.ts_close[close.row],
                         i,
                         bar,
-                        decided if len(closes) == 1 else decided.take(slice(j, j + 1)),
+                        decided.take(slice(j, j + 1)),
                         step.regime[j],
                         step.positions[j],
                         order is not None,

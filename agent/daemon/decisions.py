@@ -28,7 +28,6 @@ A round's orders leave before its counts and telemetry: nothing they send waits 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Mapping
@@ -46,7 +45,7 @@ from agent.execution.protocol import NewOrder
 from agent.gpu.errors import InferenceError
 from agent.policy.kelly import regime_clamp
 from agent.trading.decider import EngineDecider
-from agent.trading.step import BarClose, TradingStep
+from agent.trading.step import BarClose, TradingStep, decision_rounds
 
 __all__ = ["Decisions"]
 
@@ -54,8 +53,9 @@ log = logging.getLogger(__name__)
 
 _ACTIONS = ("short", "flat", "long")
 
-_Row = tuple[int, int, Close]
-"""One bar of a round: its round, its row in the close's frame, the close."""
+_Bar = tuple[Close, BarClose, bool]
+"""One bar of a round (:func:`agent.trading.step.decision_rounds`): the close it came from, the
+bar, whether it is its instrument's last pending bar."""
 
 
 class Decisions(Component):
@@ -106,22 +106,15 @@ class Decisions(Component):
             self._queue.taken()
 
     async def _decide(self, closes: list[Close]) -> None:
-        """One ``decide`` per round: round r holds the r-th pending bar of every instrument."""
-        rows: dict[int, list[_Row]] = collections.defaultdict(list)
-        for close in closes:
-            iid = close.frame.instrument_id
-            for r in range(len(close.frame)):
-                rows[iid].append((len(rows[iid]), r, close))
-        rounds = max(len(v) for v in rows.values())
-        for k in range(rounds):
-            batch = [(iid, entries[k]) for iid, entries in rows.items() if k < len(entries)]
-            last = {iid for iid, entries in rows.items() if len(entries) == k + 1}
-            await self._round(batch, last)
-            self._guard.after_round(max(self._intake.order_ns(close) for _, (_, _, close) in batch))
+        """One ``decide`` per round (:func:`agent.trading.step.decision_rounds`): round r holds
+        the r-th pending bar of every instrument."""
+        for batch in decision_rounds(closes, lambda close: close.frame):
+            await self._round(batch)
+            self._guard.after_round(max(self._intake.order_ns(close) for close, _, _ in batch))
 
-    async def _round(self, batch: list[tuple[int, _Row]], last: set[int]) -> None:
+    async def _round(self, batch: list[_Bar]) -> None:
         trading = self._trading
-        closes = [BarClose(close.frame, r) for _, (_, r, close) in batch]
+        closes = [bar for _, bar, _ in batch]
         for c in closes:
             tradable = bool(c.frame.tradable[c.row])
             self.healthy[c.instrument_id] = tradable
@@ -143,8 +136,8 @@ class Decisions(Component):
         orders: list[NewOrder] = []
         arrivals: list[int] = []
         traded: list[int] = []  # the rows that may trade (their telemetry follows the orders)
-        for j, (iid, (_, _, close)) in enumerate(batch):
-            if iid not in last or not decided.valid[j]:
+        for j, (close, _, last) in enumerate(batch):
+            if not last or not decided.valid[j]:
                 continue
             if now - close.arrival_ns > self._stale_ns:
                 self._metrics.dropped("stale_decision")
@@ -162,16 +155,16 @@ class Decisions(Component):
                 arrivals.append(close.arrival_ns)
         if orders:  # the orders leave first; the round's counts and telemetry come after them
             self._placement.place(orders, arrivals)
-        for j, (iid, _) in enumerate(batch):
-            self._metrics.decision(self._symbols[iid], _ACTIONS[int(decided.action[j])])
+        for j, c in enumerate(closes):
+            self._metrics.decision(self._symbols[c.instrument_id], _ACTIONS[int(decided.action[j])])
         regime = regime_clamp(step.regime, self._scale_floor)
         for j in traded:
-            iid, (_, r, close) = batch[j]
+            close, c, _ = batch[j]
             self._events.publish(
                 "decision",
                 {
-                    "instrument": self._symbols[iid],
-                    "ts_close": int(close.frame.ts_close[r]),
+                    "instrument": self._symbols[c.instrument_id],
+                    "ts_close": int(c.frame.ts_close[c.row]),
                     "action": int(decided.action[j]),
                     "target": int(decided.target[j]),
                     "size": float(decided.size[j]),

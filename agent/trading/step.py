@@ -35,9 +35,9 @@ the ledger and sends it the way its venue needs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -56,7 +56,7 @@ from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
 from feeds.health import fault_mask
 from feeds.records import PRICE_SCALE, UNDEF_PRICE
 
-__all__ = ["BarClose", "Step", "TradingStep"]
+__all__ = ["BarClose", "Step", "TradingStep", "decision_rounds"]
 
 _LOGRET = FEATURE_NAMES.index("mid_logret")
 
@@ -71,6 +71,30 @@ class BarClose:
     @property
     def instrument_id(self) -> int:
         return self.frame.instrument_id
+
+
+_Item = TypeVar("_Item")
+
+
+def decision_rounds(
+    items: Iterable[_Item], frame_of: Callable[[_Item], BarFrame]
+) -> list[list[tuple[_Item, BarClose, bool]]]:
+    """The rounds in which closed bars are decided (the daemon's decision task, its replay and
+    the event-driven backtest): round r holds the r-th pending bar of every instrument (the bars
+    of its ``items``' frames, in order; instruments in the order they first appear), each with
+    the item it came from and whether it is the instrument's last pending bar, the only one
+    that may send an order. A round is one :meth:`TradingStep.decide` and ends with
+    :meth:`TradingStep.check_risk`."""
+    pending: dict[int, list[tuple[_Item, BarClose]]] = {}
+    for item in items:
+        frame = frame_of(item)
+        bars = pending.setdefault(frame.instrument_id, [])
+        bars.extend((item, BarClose(frame, r)) for r in range(len(frame)))
+    rounds = max((len(bars) for bars in pending.values()), default=0)
+    return [
+        [(bars[k][0], bars[k][1], k == len(bars) - 1) for bars in pending.values() if k < len(bars)]
+        for k in range(rounds)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
