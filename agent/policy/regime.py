@@ -132,10 +132,20 @@ class RegimeTracker:
         values = [float(x) for x in log_returns]
         if len(values) != len(self._floor):
             raise ValueError(f"log_returns must be [{len(self._floor)}], got {len(values)} values")
-        for i, x in enumerate(values):
+        self.update_at(range(len(values)), values)
+        return np.array(self._scale)
+
+    def update_at(self, indices: Sequence[int], log_returns: Sequence[float]) -> list[float]:
+        """:meth:`update` of the instruments ``indices`` only (distinct), each with its bar
+        log-return (a Python float; NaN = no bar), the others left as they are; the scales of
+        ``indices`` after it, in their order (the trading step's bars of one round)."""
+        scales = self._scale
+        out: list[float] = []
+        for i, x in zip(indices, log_returns, strict=True):
             if not math.isnan(x):  # a NaN leaves the instrument as it is
                 self._path_of(i, (x,))
-        return np.array(self._scale)
+            out.append(scales[i])
+        return out
 
     def path(self, log_returns: Any) -> np.ndarray[Any, np.dtype[np.float64]]:
         """Step the trackers over each row of ``log_returns`` (``[T, n]``, a bar each); the

@@ -88,9 +88,14 @@ def decision_rounds(
     pending: dict[int, list[tuple[_Item, BarClose]]] = {}
     for item in items:
         frame = frame_of(item)
-        bars = pending.setdefault(frame.instrument_id, [])
-        bars.extend((item, BarClose(frame, r)) for r in range(len(frame)))
-    rounds = max((len(bars) for bars in pending.values()), default=0)
+        bars = pending.get(frame.instrument_id)
+        if bars is None:
+            bars = pending[frame.instrument_id] = []
+        for r in range(len(frame)):
+            bars.append((item, BarClose(frame, r)))
+    rounds = max(map(len, pending.values()), default=0)
+    if rounds == 1:  # the usual step: one bar an instrument, one round
+        return [[(item, close, True) for [(item, close)] in pending.values()]]
     return [
         [(bars[k][0], bars[k][1], k == len(bars) - 1) for bars in pending.values() if k < len(bars)]
         for k in range(rounds)
@@ -150,36 +155,39 @@ class TradingStep:
     def track(self, closes: Sequence[BarClose]) -> npt.NDArray[np.float64]:
         """Step 1 alone (also while no model serves, so that the trackers stay warm): the
         regime scale per close, and the marks of the tradable ones."""
-        return self._track(closes, self._slots(closes))
+        return np.asarray(self._track(closes, self._slots(closes)), dtype=np.float64)
 
-    def _slots(self, closes: Sequence[BarClose]) -> npt.NDArray[np.int64]:
+    def _slots(self, closes: Sequence[BarClose]) -> list[int]:
         """The instrument index of each close."""
-        return np.asarray([self.slot[c.instrument_id] for c in closes], dtype=np.int64)
+        slot = self.slot
+        return [slot[c.frame.instrument_id] for c in closes]
 
-    def _track(self, closes: Sequence[BarClose], slots: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    def _track(self, closes: Sequence[BarClose], slots: list[int]) -> list[float]:
         """:meth:`track` of ``closes`` at their instrument indices ``slots``."""
-        logret = [math.nan] * len(self.specs)
-        for i, close in zip(slots.tolist(), closes, strict=True):
+        logret = []
+        for close in closes:
             frame, r = close.frame, close.row
             if frame.tradable[r]:
-                logret[i] = float(frame.features[r, _LOGRET])
+                logret.append(float(frame.features[r, _LOGRET]))
                 self.marks[frame.instrument_id] = float(frame.mid_price[r]) * PRICE_SCALE
-        out: npt.NDArray[np.float64] = self.regime.update(logret)[slots]
-        return out
+            else:
+                logret.append(math.nan)
+        return self.regime.update_at(slots, logret)
 
     def decide(self, closes: Sequence[BarClose], decider: Decider) -> Step:
         """Steps 1-3 for bars of distinct instruments that closed together. The rows' inputs are
         gathered in one pass over the closes, as Python values (a NumPy call per close costs
         more than the values it would hold)."""
-        slots = self._slots(closes)
-        scale = self._track(closes, slots)
+        slot_of = self._slots(closes)
+        scale = self._track(closes, slot_of)
         portfolio = self.portfolio
         n_market = len(FEATURE_NAMES)
         rows = np.empty((len(closes), n_market + len(AGENT_FEATURES)), dtype=np.float32)
         held, agent, healthy = [], [], []
         reward_scale = self.config.train.reward_scale
-        for j, (i, close) in enumerate(zip(slots.tolist(), closes, strict=True)):
-            frame, r, iid = close.frame, close.row, close.frame.instrument_id
+        for j, (i, close) in enumerate(zip(slot_of, closes, strict=True)):
+            frame, r = close.frame, close.row
+            iid = frame.instrument_id
             rows[j, :n_market] = frame.features[r]
             position = portfolio.position(iid)
             held.append(position)
@@ -187,9 +195,11 @@ class TradingStep:
             agent.append(agent_feature_values(position, entry_ticks, float(frame.mid_ticks[r]), reward_scale))
             healthy.append(bool(frame.tradable[r]))
         rows[:, n_market:] = agent
+        slots = np.asarray(slot_of, dtype=np.int64)
+        regime = np.asarray(scale, dtype=np.float64)
         positions = np.asarray(held, dtype=np.int64)
-        decided = decider.decide(slots, rows, positions, scale, np.asarray(healthy))
-        return Step(slots=slots, decided=decided, regime=scale, positions=positions)
+        decided = decider.decide(slots, rows, positions, regime, np.asarray(healthy))
+        return Step(slots=slots, decided=decided, regime=regime, positions=positions)
 
     def order_for(
         self, close: BarClose, target: int, *, now_ns: int, blocked: bool, wall_ns: int = 0

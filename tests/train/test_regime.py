@@ -126,6 +126,27 @@ def test_tracker_cold_start_running_mean_and_bad_input() -> None:
         RegimeTracker(CFG, SCALE_FLOOR, [math.nan])
 
 
+def test_update_at_steps_only_the_given_instruments_as_update_does() -> None:
+    """The trading step's form (a round's instruments, in any order) leaves every state and
+    scale exactly where the full-vector form with NaN elsewhere leaves them."""
+    rng = np.random.default_rng(5)
+    full = RegimeTracker(CFG, SCALE_FLOOR, [0.0, 1e-9, 0.0, 2e-9])
+    some = RegimeTracker(CFG, SCALE_FLOOR, [0.0, 1e-9, 0.0, 2e-9])
+    for step in range(600):
+        chosen = rng.permutation(4)[: rng.integers(1, 5)].tolist()
+        values = rng.normal(0.0, 1e-4, len(chosen))
+        if step % 97 == 0:
+            values[0] = np.inf if step % 2 else np.nan  # rejected, or no bar
+        vector = np.full(4, np.nan)
+        vector[chosen] = values
+        expected = full.update(vector)[chosen]
+        got = some.update_at(chosen, values.tolist())
+        np.testing.assert_array_equal(got, expected)
+    for name in ("vol_ema", "vol_ref", "count", "scale"):
+        np.testing.assert_array_equal(getattr(some, name), getattr(full, name))
+    assert some.rejected == full.rejected > 0
+
+
 def test_floor_moves_slowly_in_log_space() -> None:
     assert next_floor(None, 4e-9, 0.2) == 4e-9
     assert next_floor(1e-8, None, 0.2) == 1e-8
