@@ -45,7 +45,7 @@ from agent.execution.orders import OrderManager
 from agent.execution.portfolio import Portfolio
 from agent.execution.protocol import Cancelled, Fill, NewOrder, Reject, Report
 from agent.trading.decider import Decided, Decider
-from agent.trading.step import TradingStep, decision_rounds
+from agent.trading.step import Step, TradingStep, decision_rounds
 from feeds.bars import clock_closes
 from feeds.config import InstrumentSpec
 from feeds.features import FEATURE_NAMES, BarFrame, IncrementalFeatures
@@ -123,9 +123,11 @@ class EventDriver:
         self.ledger = Ledger(database)
         self._writes: list[LedgerWrite] = []
         """Ledger writes of the batch of records being replayed (:meth:`_flush`)."""
-        self._rows: list[tuple[Any, int, int, Decided, Any, Any, bool]] = []
-        """Decision log rows of the batch (:meth:`_flush`): time, instrument, bar, decision,
-        regime, position, ordered."""
+        self._rows: list[tuple[int, int, int, bool, int]] = []
+        """Decision log rows of the batch (:meth:`_flush`): time, instrument, bar, ordered, and
+        when the bar was decided (its clock close is counted from it there)."""
+        self._steps: list[Step] = []
+        """The batch's steps, whose rows are :attr:`_rows` in order (:meth:`_flush`)."""
         self._frames: dict[str, list[BarFrame]] = {s.symbol: [] for s in specs}
         """The batch's frames per symbol (one per run of closes), joined into one at
         :meth:`_flush`: kept one by one, a run's 14 small views cost ~2.4 KB a bar."""
@@ -231,15 +233,22 @@ class EventDriver:
                 self.run.frames[symbol].append(BarFrame.concat(frames))
                 frames.clear()
         if self._rows:
-            ts, inst, bar, decided, regime, position, ordered = zip(*self._rows, strict=True)
-            self._rows = []
+            ts, inst, bar, ordered, decided_ns = zip(*self._rows, strict=True)
+            steps, self._rows, self._steps = self._steps, [], []
+            on_clock = clock_closes(
+                np.asarray(decided_ns, dtype=np.int64),
+                np.asarray(ts, dtype=np.int64),
+                self.config.feeds.bars,
+                self.config.daemon.close_grace_ns,
+            )
+            self._count("clock_close_bars", int(np.count_nonzero(on_clock)))
             self.run.log.add(
-                ts_ns=np.asarray(ts),
+                ts_ns=np.asarray(ts, dtype=np.int64),
                 instrument=np.asarray(inst),
                 bar=np.asarray(bar),
-                decided=Decided.concat(decided),
-                regime=np.asarray(regime),
-                position=np.asarray(position),
+                decided=Decided.concat([step.decided for step in steps]),
+                regime=np.concatenate([step.regime for step in steps]),
+                position=np.concatenate([step.positions for step in steps]),
                 ordered=np.asarray(ordered),
             )
 
@@ -279,37 +288,23 @@ class EventDriver:
         clock closed then) in the daemon's rounds (:func:`agent.trading.step.decision_rounds`):
         round r is one decision of every instrument's r-th bar, only an instrument's last bar may
         send an order, and every round ends with the risk check."""
-        bars, grace = self.config.feeds.bars, self.config.daemon.close_grace_ns
         for frame in frames:
             self._frames[frame.symbol].append(frame)
-            on_clock = sum(clock_closes(now_ns, t, bars, grace) for t in frame.ts_close.tolist())
-            self._count("clock_close_bars", on_clock)
+        bars_seen, rows = self.bars_seen, self._rows
         for batch in decision_rounds(frames, lambda frame: frame):
             step = self.trading.decide([close for _, close, _ in batch], self.decider)
-            decided = step.decided
-            for j, (frame, close, last) in enumerate(batch):
-                i = self.slot[frame.instrument_id]
-                bar = self.bars_seen[i]
-                self.bars_seen[i] += 1
+            self._steps.append(step)  # its rows, in order, are the round's in _rows
+            valid, target = step.decided.valid.tolist(), step.decided.target.tolist()
+            for j, (i, (frame, close, last)) in enumerate(zip(step.slots.tolist(), batch, strict=True)):
+                bar = bars_seen[i]
+                bars_seen[i] += 1
                 order = None
-                if last and bool(decided.valid[j]):
-                    order = self.trading.order_for(
-                        close, int(decided.target[j]), now_ns=now_ns, blocked=self.halted
-                    )
+                if last and valid[j]:
+                    order = self.trading.order_for(close, target[j], now_ns=now_ns, blocked=self.halted)
                     if order is not None:
                         self._send(order, i, bar)
                     self.run.latency_ns.append(time.perf_counter_ns() - t0)
-                self._rows.append(
-                    (
-                        frame.ts_close[close.row],
-                        i,
-                        bar,
-                        decided.take(slice(j, j + 1)),
-                        step.regime[j],
-                        step.positions[j],
-                        order is not None,
-                    )
-                )
+                rows.append((int(frame.ts_close[close.row]), i, bar, order is not None, now_ns))
             self._check_risk(now_ns)
 
     def _send(self, order: NewOrder, i: int, bar: int) -> None:
