@@ -80,6 +80,11 @@ class Portfolio:
     def positions(self) -> dict[int, int]:
         return dict(zip(self._index, self._held, strict=True))
 
+    @property
+    def flat(self) -> bool:
+        """No position in any instrument."""
+        return not any(self._held)
+
     def avg_price(self, instrument_id: int) -> float:
         return self._entry[self._index[instrument_id]]
 

@@ -305,9 +305,9 @@ class TradingStep:
         if self.orders.open_orders():
             self.cancel_all(now_ns)
             return []
-        positions = {iid: q for iid, q in self.portfolio.positions().items() if q}
-        if not positions:
+        if self.portfolio.flat:  # the usual case: a halt keeps asking once flat
             return None
+        positions = {iid: q for iid, q in self.portfolio.positions().items() if q}
         return [
             self.orders.new(iid, "sell" if q > 0 else "buy", abs(q), ts_ns=now_ns, wall_ns=wall_ns)
             for iid, q in positions.items()
