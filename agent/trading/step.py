@@ -94,8 +94,8 @@ def decision_rounds(
         for r in range(len(frame)):
             bars.append((item, BarClose(frame, r)))
     rounds = max(map(len, pending.values()), default=0)
-    if rounds == 1:  # the usual step: one bar an instrument, one round
-        return [[(item, close, True) for [(item, close)] in pending.values()]]
+    if rounds == 1:  # the usual step: at most one bar an instrument, one round
+        return [[(item, close, True) for bars in pending.values() for item, close in bars]]
     return [
         [(bars[k][0], bars[k][1], k == len(bars) - 1) for bars in pending.values() if k < len(bars)]
         for k in range(rounds)
