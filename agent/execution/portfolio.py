@@ -98,21 +98,21 @@ class Portfolio:
         """Open P&L at the given marks (instrument id -> fixed-point price), account currency.
         Instruments without a mark count as zero.
 
-        Each instrument's is ``position * (mark - avg_price)`` on Python floats, summed in
-        order as :meth:`_currency` sums; a flat instrument adds nothing, whatever its mark (it
-        is skipped: most are flat, and the sum is read every round)."""
-        total = 0.0
-        for iid, q, avg, tick, value in zip(
-            self._index, self._held, self._entry, self._tick_px, self._tick_value, strict=True
-        ):
-            if q:
-                total += float(to_currency(q * (marks.get(iid, avg) - avg), tick, value))
-        return total
+        Each instrument's is ``position * (mark - avg_price)`` on Python floats (0 when flat,
+        whatever its mark), summed as :meth:`_currency` sums."""
+        return self._currency(
+            [
+                q * (marks.get(iid, avg) - avg) if q else 0.0
+                for iid, q, avg in zip(self._index, self._held, self._entry, strict=True)
+            ]
+        )
 
     def _currency(self, pnl_px: Sequence[float]) -> float:
-        """The sum over instruments of :func:`to_currency` (on Python floats: the same float64
-        arithmetic without a NumPy scalar per instrument)."""
-        return sum(
-            float(to_currency(pnl, tick, value))
-            for pnl, tick, value in zip(pnl_px, self._tick_px, self._tick_value, strict=True)
-        )
+        """The sum over instruments of :func:`to_currency`, in order (on Python floats: the same
+        float64 arithmetic without a NumPy scalar per instrument). Zero entries add nothing and
+        are skipped: most instruments are flat, and the sums are read every round."""
+        total = 0.0
+        for pnl, tick, value in zip(pnl_px, self._tick_px, self._tick_value, strict=True):
+            if pnl:
+                total += float(to_currency(pnl, tick, value))
+        return total
