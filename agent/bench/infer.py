@@ -19,7 +19,8 @@ Keys (README "Benchmarks"):
   checks, pinned writes, the graph launch until the kernel starts, synchronisation wake-up,
   output copy and bookkeeping).
 * ``decisions_per_s_b4096``: decisions per second at 4096 instruments per call (K from the model
-  configuration, 32 by default).
+  configuration, 32 by default); CUDA only: ``device_us_b4096`` and ``host_us_b4096``, the
+  split of such a call as for 1 and 64 rows.
 * ``train_samples_per_s``: samples per second of the trainer's update at batch ``--train-batch``
   (4096): on a CUDA device the fused kernels ``train`` runs (:mod:`agent.kernels.train`: target
   networks on s', forward, losses, backward, clipping, Adam, target sync), replayed from a
@@ -202,23 +203,35 @@ def _latency(
     timer = _decide_timer(engine, batch, 2)
     for _ in range(cfg.window + 50):  # fill the windows, warm caches and graphs
         timer()
+    walls, out = _timed_calls(engine, timer, batch, iterations)
+    engine.close()
+    out[f"p50_us_b{batch}"], out[f"p99_us_b{batch}"] = _percentiles_us(walls)
+    return out
+
+
+def _timed_calls(
+    engine: InferenceEngine, timer: Callable[[], float], batch: int, calls: int
+) -> tuple[list[float], dict[str, float]]:
+    """``calls`` timed decide() calls (seconds each) and, on CUDA, ``device_us_b{batch}`` (the
+    median device time) and ``host_us_b{batch}`` (the median of each call's time less its
+    device time); the device timer is read between calls, outside the timed span."""
     walls: list[float] = []
     devices: list[float] = []
-    for _ in range(iterations):
+    for _ in range(calls):
         walls.append(timer())
         device = engine.device_us()
         if device is not None:
             devices.append(device * 1e-6)
-    engine.close()
     out: dict[str, float] = {}
-    out[f"p50_us_b{batch}"], out[f"p99_us_b{batch}"] = _percentiles_us(walls)
     if devices:
         out[f"device_us_b{batch}"] = float(np.median(devices) * 1e6)
         out[f"host_us_b{batch}"] = float(np.median(np.subtract(walls, devices)) * 1e6)
-    return out
+    return walls, out
 
 
-def _decisions_per_s(cfg: ModelConfig, config: Config, backend: Backend, calls: int) -> float:
+def _decisions_per_s(cfg: ModelConfig, config: Config, backend: Backend, calls: int) -> dict[str, float]:
+    """``decisions_per_s_b4096`` over ``calls`` calls of 4096 rows, and on CUDA their device
+    and host split (:func:`_timed_calls`)."""
     engine = InferenceEngine(
         _checkpoint(cfg, 1),
         config.policy,
@@ -230,9 +243,10 @@ def _decisions_per_s(cfg: ModelConfig, config: Config, backend: Backend, calls: 
     timer = _decide_timer(engine, _THROUGHPUT_BATCH, 3)
     for _ in range(3):
         timer()
-    total = sum(timer() for _ in range(calls))
+    walls, out = _timed_calls(engine, timer, _THROUGHPUT_BATCH, calls)
     engine.close()
-    return _THROUGHPUT_BATCH * calls / total
+    out[f"decisions_per_s_b{_THROUGHPUT_BATCH}"] = _THROUGHPUT_BATCH * calls / sum(walls)
+    return out
 
 
 def _train_samples_per_s(cfg: ModelConfig, backend: Backend, batch: int, steps: int) -> float:
@@ -355,7 +369,7 @@ def _measure(args: argparse.Namespace, config: Config, backend: Backend, cfg: Mo
         for key in ("p50_us_b1", "p99_us_b1", "p50_us_b64", "p99_us_b64"):
             out[f"{key}_vs_floor"] = out[key] / out["floor_us"]
         phase("throughput B=4096")
-        out["decisions_per_s_b4096"] = _decisions_per_s(cfg, config, backend, 50 if cuda else 2)
+        out |= _decisions_per_s(cfg, config, backend, 50 if cuda else 2)
         phase("training step")
         out["train_batch"] = args.train_batch
         out["train_samples_per_s"] = _train_samples_per_s(cfg, backend, args.train_batch, 20 if cuda else 3)
@@ -363,7 +377,7 @@ def _measure(args: argparse.Namespace, config: Config, backend: Backend, cfg: Mo
         phase("CPU reference")
         if cuda and not args.no_cpu_reference:
             cpu = select_backend("cpu")
-            out["cpu_decisions_per_s_b4096"] = _decisions_per_s(cfg, config, cpu, 1)
+            out["cpu_decisions_per_s_b4096"] = _decisions_per_s(cfg, config, cpu, 1)["decisions_per_s_b4096"]
             out["cpu_train_samples_per_s"] = _train_samples_per_s(cfg, cpu, args.train_batch, 1)
             out["decisions_per_s_vs_cpu"] = out["decisions_per_s_b4096"] / out["cpu_decisions_per_s_b4096"]
             out["train_vs_cpu"] = out["train_samples_per_s"] / out["cpu_train_samples_per_s"]
