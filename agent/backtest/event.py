@@ -235,15 +235,16 @@ class EventDriver:
         if self._rows:
             ts, inst, bar, ordered, decided_ns = zip(*self._rows, strict=True)
             steps, self._rows, self._steps = self._steps, [], []
+            ts_ns = np.asarray(ts, dtype=np.int64)
             on_clock = clock_closes(
                 np.asarray(decided_ns, dtype=np.int64),
-                np.asarray(ts, dtype=np.int64),
+                ts_ns,
                 self.config.feeds.bars,
                 self.config.daemon.close_grace_ns,
             )
             self._count("clock_close_bars", int(np.count_nonzero(on_clock)))
             self.run.log.add(
-                ts_ns=np.asarray(ts, dtype=np.int64),
+                ts_ns=ts_ns,
                 instrument=np.asarray(inst),
                 bar=np.asarray(bar),
                 decided=Decided.concat([step.decided for step in steps]),

@@ -88,11 +88,8 @@ def decision_rounds(
     pending: dict[int, list[tuple[_Item, BarClose]]] = {}
     for item in items:
         frame = frame_of(item)
-        bars = pending.get(frame.instrument_id)
-        if bars is None:
-            bars = pending[frame.instrument_id] = []
-        for r in range(len(frame)):
-            bars.append((item, BarClose(frame, r)))
+        bars = pending.setdefault(frame.instrument_id, [])
+        bars.extend((item, BarClose(frame, r)) for r in range(len(frame)))
     rounds = max(map(len, pending.values()), default=0)
     if rounds == 1:  # the usual step: at most one bar an instrument, one round
         return [[(item, close, True) for bars in pending.values() for item, close in bars]]
